@@ -1,0 +1,43 @@
+# The doors: `make demo`, `make test`, `make lint`. Each does its own idempotent set-up first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The stamp changes whenever the pins change, so a stale venv is rebuilt, a current one is reused.
+STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml requirements/lock-cpu.txt | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-fast demo lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/lock-cpu.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# lock-cpu.txt pins the whole closure; torch==2.13.0 there is the CPU wheel on this kind of box
+	$(PY) -m pip install -q -c requirements/lock-cpu.txt -e '.[dev]'
+	rm -f $(VENV)/.stamp-* && touch $@
+
+test: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_gateway.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_routing_replay.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs/demo

@@ -1,0 +1,1 @@
+"""hymem_train"""

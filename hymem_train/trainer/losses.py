@@ -1,0 +1,145 @@
+"""OPD and PPO losses as pure functions of small per-position tensors (DESIGN.md section 1).
+
+The big `[tokens, vocab]` part lives in `chunked_head.py`; these functions only see what it returns
+(`lse_N`, logits gathered at a few ids, entropy) and are cheap enough to be tested by hand.
+
+Legend: N loss positions (response tokens of the micro-batch), K teacher top-k (50 in the report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+OPD_FORMS = ("report", "tail")
+_EPS = 1e-12
+
+
+@dataclass
+class LossConfig:
+    kind: str = "opd"  # "opd" (stage 1), "ppo" (stage 2) or "sft" (cross-entropy on response tokens)
+    opd_form: str = "report"  # "report": KL over the teacher top-k only; "tail": adds the (k+1)-th bucket
+    entropy_coef: float = 0.005  # OPD entropy bonus coefficient (report: 0.005)
+    clip_low: float = 0.2  # PPO ratio lower clip: 1 - clip_low
+    clip_high: float = 0.2  # PPO ratio upper clip: 1 + clip_high
+    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None = off
+    ratio_source: str = "rollout"  # "rollout": engine logprobs; "recompute": old policy forward before the update
+    temperature: float = 1.0  # sampling temperature of the rollout engine (logits are divided by it)
+    chunk_rows: int = 128  # loss positions per chunk of the chunked LM head
+    log_entropy: bool = False  # PPO/SFT: also compute the entropy (logging only, ~15% more loss-head time)
+
+    def validate(self) -> None:
+        if self.kind not in ("opd", "ppo", "sft"):
+            raise ValueError(f"trainer.loss.kind={self.kind!r}: want 'opd', 'ppo' or 'sft'")
+        if self.opd_form not in OPD_FORMS:
+            raise ValueError(f"trainer.loss.opd_form={self.opd_form!r}: want one of {OPD_FORMS}")
+        if self.ratio_source not in ("rollout", "recompute"):
+            raise ValueError(f"trainer.loss.ratio_source={self.ratio_source!r}: want 'rollout' or 'recompute'")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"trainer.loss.dual_clip={self.dual_clip}: must be > 1 (or null)")
+        if self.chunk_rows < 1:
+            raise ValueError(f"trainer.loss.chunk_rows={self.chunk_rows}: must be >= 1")
+
+
+def opd_token_loss(
+    student_lse_N: torch.Tensor,
+    student_topk_logits_NK: torch.Tensor,
+    teacher_topk_logprobs_NK: torch.Tensor,
+    student_entropy_N: torch.Tensor,
+    *,
+    form: str = "report",
+    entropy_coef: float = 0.005,
+) -> torch.Tensor:
+    """Per-position OPD loss: reverse KL over the teacher's top-k support minus the entropy bonus.
+
+    report: `sum_{v in topk} p_s(v) (log p_s(v) - log p_t(v))` (report section OPD).
+    tail:   the same plus the (k+1)-th bucket `q_s log(q_s / q_t)` with `q = 1 - sum_topk p`. Without it
+            the truncated KL can be lowered by moving student mass *out* of the support (a student with
+            no mass on the support has KL 0); the bucket form is a proper KL between (k+1)-way
+            distributions and is >= 0.
+    """
+    if form not in OPD_FORMS:
+        raise ValueError(f"opd_token_loss: form={form!r}, want one of {OPD_FORMS}")
+    ls_NK = student_topk_logits_NK - student_lse_N[:, None]
+    ps_NK = ls_NK.exp()
+    kl_N = (ps_NK * (ls_NK - teacher_topk_logprobs_NK)).sum(-1)
+    if form == "tail":
+        qs_N = (1.0 - ps_NK.sum(-1)).clamp_min(_EPS)
+        qt_N = (1.0 - teacher_topk_logprobs_NK.exp().sum(-1)).clamp_min(_EPS)
+        kl_N = kl_N + qs_N * (qs_N.log() - qt_N.log())
+    return kl_N - entropy_coef * student_entropy_N
+
+
+@torch.no_grad()
+def opd_support_stats(
+    student_lse_N: torch.Tensor,
+    student_topk_logits_NK: torch.Tensor,
+    teacher_topk_ids_NK: torch.Tensor,
+    teacher_topk_logprobs_NK: torch.Tensor,
+    target_ids_N: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Sums (not means) over positions, so micro-batches and ranks reduce by addition.
+
+    student/teacher mass on the support shows the truncated-KL pitfall (student mass shrinking);
+    coverage is the share of student-sampled tokens inside the teacher's top-k (silent failure 2:
+    a teacher that silently returns garbage top-k shows up as coverage collapsing).
+    """
+    ps_N = (student_topk_logits_NK - student_lse_N[:, None]).exp().sum(-1)
+    pt_N = teacher_topk_logprobs_NK.exp().sum(-1)
+    covered_N = (teacher_topk_ids_NK == target_ids_N[:, None]).any(-1)
+    return {
+        "student_mass_sum": ps_N.sum(),
+        "teacher_mass_sum": pt_N.sum(),
+        "coverage_sum": covered_N.float().sum(),
+        "count": torch.tensor(float(ps_N.numel())),
+    }
+
+
+def ppo_token_loss(
+    logp_N: torch.Tensor,
+    old_logp_N: torch.Tensor,
+    advantage_N: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate per position (to minimise) and the clipped indicator (for clipfrac).
+
+    `-min(r A, clip(r, 1-lo, 1+hi) A)`; with dual clip, for A < 0 the loss is capped at `-c A`, which
+    bounds the update when a stale token's ratio explodes. No KL term (report, RL objective).
+    """
+    ratio_N = (logp_N - old_logp_N).exp()
+    surr1_N = ratio_N * advantage_N
+    surr2_N = ratio_N.clamp(1.0 - clip_low, 1.0 + clip_high) * advantage_N
+    loss_N = -torch.minimum(surr1_N, surr2_N)
+    clipped_N = (surr2_N < surr1_N).detach()
+    if dual_clip is not None:
+        capped_N = torch.minimum(loss_N, -dual_clip * advantage_N)
+        loss_N = torch.where(advantage_N < 0, capped_N, loss_N)
+    return loss_N, clipped_N
+
+
+def sft_token_loss(lse_N: torch.Tensor, target_logits_N: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per position: `lse - z[target]`."""
+    return lse_N - target_logits_N
+
+
+def sequence_mean_weights(num_tokens_S: torch.Tensor) -> torch.Tensor:
+    """Per-sequence token weight for "mean over tokens within each sequence, then mean over sequences".
+
+    `sum_tokens w * l` with `w = 1 / (n_s * S)` equals that double mean. Computed once for the whole
+    optimizer step (all micro-batches, all ranks), so the result does not depend on how the step is
+    split (report, RL objective; the invariance tests check it).
+    """
+    if (num_tokens_S <= 0).any():
+        raise ValueError("sequence_mean_weights: every sequence needs >= 1 loss token")
+    return 1.0 / (num_tokens_S.double() * num_tokens_S.numel())
+
+
+def token_mean_weight(num_tokens_total: int) -> float:
+    """Per-token weight for a plain mean over all loss positions of the step (OPD, SFT)."""
+    if num_tokens_total <= 0:
+        raise ValueError("token_mean_weight: the step has no loss token")
+    return 1.0 / num_tokens_total

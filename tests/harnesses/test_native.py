@@ -1,0 +1,268 @@
+"""Native harness: protocol, honest parsing (silent failure 9), persistence (1), caps (6), fork, bad input."""
+
+import json
+import os
+import sqlite3
+
+import pytest
+
+from harnesses.base import (
+    BankMismatchError,
+    BankStateError,
+    ConfigurationError,
+    Endpoint,
+    PlatformError,
+    WriteStatus,
+    read_bank_meta,
+)
+from harnesses.native import NativeConfig, NativeHarness, parse_ops
+from harnesses.testing import HttpFailure
+
+from .conftest import CHUNK
+
+ADD_TWO = json.dumps(
+    {"ops": [{"op": "ADD", "text": "User moved to Lisbon in March 2023"}, {"op": "ADD", "text": "User has a cat named Pixel"}]}
+)
+
+
+def _snapshot(d):
+    return {p: open(os.path.join(d, p), "rb").read() for p in sorted(os.listdir(d)) if p != "bank.lock"}
+
+
+# ---------------------------------------------------------------- parse_ops (pure)
+def test_parse_ops_clean_and_repaired():
+    clean = parse_ops('{"ops": [{"op": "NONE"}]}')
+    assert clean is not None and clean.ops == [{"op": "NONE"}] and not clean.repaired
+    fenced = parse_ops('Sure!\n```json\n{"ops": [{"op": "ADD", "text": "a"},]}\n```')
+    assert fenced is not None and fenced.repaired and fenced.ops == [{"op": "ADD", "text": "a"}]
+    bare_list = parse_ops('[{"op": "DELETE", "id": 3}]')
+    assert bare_list is not None and bare_list.ops == [{"op": "DELETE", "id": 3}] and not bare_list.repaired
+    assert parse_ops("I think the user likes cats.") is None
+    assert parse_ops('{"memories": ["x"]}') is None
+
+
+# ---------------------------------------------------------------- write path
+def test_scripted_policy_stores_expected_memories_and_search_finds_them(tmp_path, server, llm):
+    server.set_replies([ADD_TWO])
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    res = h.write_chunk(CHUNK, "s1", "2023-03-05", chunk_index=0)
+    assert res.status is WriteStatus.OK and res.num_llm_calls == 1 and res.num_added == 2
+    texts = [e.text for e in h.read_all()]
+    assert texts == ["User moved to Lisbon in March 2023", "User has a cat named Pixel"]
+    hits = h.search("what is the name of the cat", 1)
+    assert [e.text for e in hits] == ["User has a cat named Pixel"]
+    req = server.chat_requests()[-1]
+    assert req.api_key == "traj-A" and req.headers.get("X-Hymem-Chunk-Index") == "0"
+    assert "I moved to Lisbon" in req.body["messages"][1]["content"]
+    h.close()
+
+
+def test_update_delete_and_context_memories_in_prompt(tmp_path, server, llm):
+    server.set_replies([ADD_TWO, '{"ops": [{"op": "UPDATE", "id": 1, "text": "User moved to Porto"}, {"op": "DELETE", "id": 2}]}'])
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    h.write_chunk(CHUNK, "s1", "2023-03-05")
+    res = h.write_chunk([{"role": "user", "content": "Actually I moved to Porto, and Pixel the cat ran away."}], "s2", "2023-04-01")
+    assert (res.status, res.num_updated, res.num_deleted) == (WriteStatus.OK, 1, 1)
+    assert [(e.id, e.text) for e in h.read_all()] == [("1", "User moved to Porto")]
+    # the second prompt showed the existing memories with their ids
+    assert "[2] User has a cat named Pixel" in server.chat_requests()[-1].body["messages"][1]["content"]
+    h.close()
+
+
+@pytest.mark.parametrize(
+    "reply, why",
+    [
+        ("The user moved to Lisbon.", "not JSON ops"),
+        ('```json\n{"ops": [{"op": "NONE"},]}\n```', "repaired JSON"),  # repair + zero memories = policy error
+        ('{"ops": [{"op": "UPDATE", "id": 99, "text": "x"}]}', "only invalid ops"),
+        ('{"ops": []}', "empty op list"),
+        ('{"ops": [{"op": "ADD"}]}', "only invalid ops"),
+    ],
+)
+def test_malformed_output_is_policy_error_not_crash(tmp_path, server, llm, reply, why):
+    server.set_replies([reply])
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    res = h.write_chunk(CHUNK, "s1", "2023-03-05")
+    assert res.status is WriteStatus.POLICY_ERROR and res.num_llm_calls == 1
+    assert why in res.error
+    assert h.count() == 0
+    h.close()
+
+
+def test_clean_none_is_ok_and_partial_validity_is_reported(tmp_path, server, llm):
+    server.set_replies(['{"ops": [{"op": "NONE"}]}', '{"ops": [{"op": "ADD", "text": "a fact"}, {"op": "FOO"}]}'])
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    assert h.write_chunk(CHUNK, "s1", "d").status is WriteStatus.OK
+    res = h.write_chunk(CHUNK, "s1", "d")
+    assert res.status is WriteStatus.OK and res.num_added == 1 and "ops[1]: unknown op 'FOO'" in res.error
+    h.close()
+
+
+def test_random_garbage_never_crashes(tmp_path, server, llm):
+    import random
+
+    rng = random.Random(0)
+    alphabet = '{}[]":,opADDtextNONE 0123456789abc\n`'
+    server.set_replies(lambda body: "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))))
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    for _ in range(40):
+        res = h.write_chunk(CHUNK, "s1", "d")
+        assert res.status in (WriteStatus.OK, WriteStatus.POLICY_ERROR)
+    assert h.count() == len(h.read_all())
+    h.close()
+
+
+@pytest.mark.parametrize("failure", [HttpFailure(500), HttpFailure(503)])
+def test_endpoint_failure_is_platform_error_and_bank_unchanged(tmp_path, server, llm, failure):
+    server.set_replies([ADD_TWO, failure])
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    h.write_chunk(CHUNK, "s1", "d")
+    res = h.write_chunk(CHUNK, "s1", "d")
+    assert res.status is WriteStatus.PLATFORM_ERROR and res.num_llm_calls == 0
+    assert str(failure.status) in res.error and h.count() == 2
+    h.close()
+
+
+def test_timeout_is_platform_error(tmp_path, server):
+    server.set_replies([HttpFailure(200, delay_s=2.0)])
+    h = NativeHarness(Endpoint(server.base_url, "traj-A", "m", timeout_s=0.3))
+    h.open(tmp_path / "bank", create=True)
+    res = h.write_chunk(CHUNK, "s1", "d")
+    assert res.status is WriteStatus.PLATFORM_ERROR and "Timeout" in res.error
+    h.close()
+
+
+def test_foreign_credential_rejected_is_platform_error(tmp_path, server):
+    h = NativeHarness(Endpoint(server.base_url, "traj-Z", "m"))
+    h.open(tmp_path / "bank", create=True)
+    res = h.write_chunk(CHUNK, "s1", "d")
+    assert res.status is WriteStatus.PLATFORM_ERROR and "401" in res.error
+    assert server.chat_requests(status=401)[-1].api_key == "traj-Z"
+    h.close()
+
+
+# ---------------------------------------------------------------- persistence, caps, tokens
+def test_bank_reopened_from_disk_holds_known_record(tmp_path, server, llm):
+    """Silent failure 1: close, drop every object, reopen from disk in a new harness."""
+    server.set_replies([ADD_TWO])
+    h = NativeHarness(llm)
+    meta = h.open(tmp_path / "bank", create=True)
+    h.write_chunk(CHUNK, "s1", "2023-03-05")
+    h.close()
+    del h
+    h2 = NativeHarness(None)
+    meta2 = h2.open(tmp_path / "bank")
+    assert meta2.bank_id == meta.bank_id
+    assert "User has a cat named Pixel" in [e.text for e in h2.read_all()]
+    h2.close()
+
+
+def test_read_all_has_no_cap_and_checks_count(tmp_path):
+    """Silent failure 6: 12,000 rows (above a 10,000-style cap) all come back; a short listing raises."""
+    h = NativeHarness(None)
+    h.open(tmp_path / "bank", create=True)
+    db = h._db
+    db.executemany("INSERT INTO memories(text, session_id, date) VALUES (?, 's', 'd')", [(f"fact {i}",) for i in range(12000)])
+    entries = h.read_all()
+    assert len(entries) == 12000 == h.count() and entries[-1].text == "fact 11999"
+    # an independent count that disagrees with the listing must fail loudly
+    h.count = lambda: 12001  # type: ignore[method-assign]
+    with pytest.raises(PlatformError, match="12000 entries but count"):
+        h.read_all()
+    h.close()
+
+
+def test_size_tokens_counts_canonical_text_only(tmp_path):
+    """Token accounting on its own: sum of per-entry tokens of the memory text, no special tokens."""
+
+    class WordTok:
+        def encode(self, text, add_special_tokens=True):
+            return ([0] if add_special_tokens else []) + [1] * len(text.split())
+
+    h = NativeHarness(None)
+    h.open(tmp_path / "bank", create=True)
+    assert h.size_tokens(WordTok()) == 0
+    h._db.executemany(
+        "INSERT INTO memories(text, session_id, date) VALUES (?, 'a-long-session-id', '2023-01-01')",
+        [("one two three",), ("four five",)],
+    )
+    assert h.size_tokens(WordTok()) == 5  # 3 + 2: ids, dates and session ids are not bank tokens
+    assert h.size_tokens(lambda s: list(s)) == len("one two three") + len("four five")
+    h.close()
+
+
+# ---------------------------------------------------------------- fork
+def test_fork_makes_independent_copies_with_lineage(tmp_path, server, llm):
+    server.set_replies([ADD_TWO, '{"ops": [{"op": "ADD", "text": "only in fork 0"}]}'])
+    h = NativeHarness(llm)
+    parent = h.open(tmp_path / "p", create=True)
+    h.write_chunk(CHUNK, "s1", "d")
+    with pytest.raises(BankStateError, match="open bank"):
+        h.fork(tmp_path / "p", [tmp_path / "x"])
+    h.close()
+    kids = h.fork(tmp_path / "p", [tmp_path / f"c{i}" for i in range(3)])
+    assert len({k.bank_id for k in kids} | {parent.bank_id}) == 4
+    assert all(k.lineage == (parent.bank_id,) for k in kids)
+    h.open(tmp_path / "c0")
+    h.write_chunk(CHUNK, "s2", "d")
+    assert h.count() == 3
+    h.close()
+    for d in ("p", "c1", "c2"):
+        h.open(tmp_path / d)
+        assert h.count() == 2
+        h.close()
+    with pytest.raises(BankStateError, match="already exists"):
+        h.fork(tmp_path / "p", [tmp_path / "c1"])
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no half-written fork left
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_input_clear_errors_and_bank_untouched(tmp_path, server, llm):
+    server.set_replies([ADD_TWO])
+    with pytest.raises(ConfigurationError, match="unknown scene 'coding'"):
+        NativeHarness(llm, scene="coding")
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    h.write_chunk(CHUNK, "s", "d")
+    h.close()
+    before = _snapshot(tmp_path / "bank")
+    # another config (different behaviour) -> refused
+    with pytest.raises(BankMismatchError, match="config_hash"):
+        NativeHarness(llm, NativeConfig(num_context_memories=3)).open(tmp_path / "bank")
+    # another framework / version in bank.json -> refused, naming the key
+    meta = json.loads((tmp_path / "bank" / "bank.json").read_text())
+    for key, val in (("framework", "mem0"), ("framework_version", "0")):
+        bad = tmp_path / f"bad-{key}"
+        bad.mkdir()
+        (bad / "bank.json").write_text(json.dumps({**meta, key: val}))
+        with pytest.raises(BankMismatchError, match=f"{key}="):
+            h.open(bad)
+    with pytest.raises(BankStateError, match="no bank here"):
+        h.open(tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()
+    assert _snapshot(tmp_path / "bank") == before
+    # the lock is released by close(): another harness can open it
+    h.open(tmp_path / "bank")
+    with pytest.raises(BankStateError, match="open elsewhere"):
+        NativeHarness(llm).open(tmp_path / "bank")
+    h.close()
+    assert read_bank_meta(tmp_path / "bank").framework == "native"
+
+
+def test_write_is_atomic_on_store_failure(tmp_path, server, llm):
+    """A store failure mid-write rolls back every op of the chunk and is a platform error."""
+    server.set_replies([ADD_TWO])
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    h._db.execute("CREATE TRIGGER boom BEFORE INSERT ON memories WHEN new.text LIKE '%Pixel%' BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    res = h.write_chunk(CHUNK, "s", "d")
+    assert res.status is WriteStatus.PLATFORM_ERROR and "disk full" in res.error
+    assert h.count() == 0  # the first ADD of the chunk was rolled back too
+    h.close()
+    assert sqlite3.connect(tmp_path / "bank" / "memories.sqlite").execute("select count(*) from memories").fetchone()[0] == 0

@@ -1,0 +1,74 @@
+"""Inference engines behind one interface (base.Engine): HF on CPU, vLLM on GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hymem_train.engines.base import (
+    Engine,
+    GenerationOutput,
+    PromptTooLongError,
+    SamplingParams,
+    TopKLogprobs,
+)
+
+
+@dataclass
+class EngineConfig:
+    kind: str = "hf"  # "hf" (transformers, CPU or one GPU) | "vllm" (GPU clusters)
+    max_model_len: int = 4096  # prompt + response tokens accepted; the report: 28,672 + 4,096
+    max_batch_size: int = 16  # requests per batched forward (hf); vLLM schedules its own
+    capture_routes: bool = True  # record routed experts per token (MoE routing replay)
+    seed: int = 0  # engine sampling seed for requests without their own
+    tensor_parallel_size: int = 1  # vllm only
+    gpu_memory_utilization: float = 0.85  # vllm only
+
+    def validate(self) -> None:
+        if self.kind not in ("hf", "vllm"):
+            raise ValueError(f"engine.kind must be 'hf' or 'vllm', got {self.kind!r}")
+        if self.max_model_len < 2 or self.max_batch_size < 1:
+            raise ValueError("engine.max_model_len must be >= 2 and engine.max_batch_size >= 1")
+
+
+def build_engine(cfg: EngineConfig, model_cfg, tokenizer) -> Engine:
+    """Build the configured engine for `model_cfg` (models.ModelConfig)."""
+    from hymem_train.models.loading import load_model
+
+    cfg.validate()
+    eos = [tokenizer.eos_token_id]
+    if cfg.kind == "vllm":
+        from hymem_train.engines.vllm_engine import VLLMEngine
+
+        if not model_cfg.path:
+            raise ValueError("engine.kind=vllm needs model.path (a local HF checkpoint directory)")
+        return VLLMEngine(
+            model_cfg.path,
+            eos,
+            max_model_len=cfg.max_model_len,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            capture_routes=cfg.capture_routes,
+            seed=cfg.seed,
+        )
+    from hymem_train.engines.hf import HFEngine
+
+    return HFEngine(
+        load_model(model_cfg),
+        eos,
+        tokenizer.pad_token_id,
+        max_model_len=cfg.max_model_len,
+        max_batch_size=cfg.max_batch_size,
+        capture_routes=cfg.capture_routes,
+        seed=cfg.seed,
+    )
+
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "GenerationOutput",
+    "PromptTooLongError",
+    "SamplingParams",
+    "TopKLogprobs",
+    "build_engine",
+]

@@ -228,7 +228,7 @@ def _build(
             return torch.zeros((0,) if width is None else (0, width), dtype=dtype)
         return torch.from_numpy(np.concatenate(xs)).to(dtype)
 
-    K = t_ids[0].shape[1] if t_ids else None
+    K = t_ids[0].shape[1] if t_ids else 1
     return MicroBatch(
         input_ids_1T=cat(ids, torch.long)[None],
         position_ids_1T=cat(pos, torch.long)[None],

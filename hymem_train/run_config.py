@@ -1,0 +1,111 @@
+"""Root configs of the entry points, composed from the component dataclasses (STYLE.md 3).
+
+Each entry point has a primary `configs/<name>.yaml` and a schema here; `+exp=NAME` overlays from
+`configs/exp/` change only what differs. Components add their own sections as they land (trainer,
+data, harness, reward): a section is a dataclass next to the code it configures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hymem_train.engines import EngineConfig
+from hymem_train.gateway.server import GatewayConfig
+from hymem_train.models.loading import ModelConfig
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"  # run name (wandb, run directory)
+    output_dir: str = "runs/${run.name}"  # run directory: checkpoints, banks, dumps, plots
+    seed: int = 0  # global seed (data order, sampling, init)
+
+
+@dataclass
+class ClusterConfig:
+    num_nodes: int = 1  # nodes in the allocation (Slurm)
+    num_gpus_per_node: int = 0  # 0 = CPU box
+    ray_address: str = "local"  # "local" = ray.init() here; "auto" = join the cluster slurm/ started
+    num_cpus: int = 2  # CPUs Ray may use on a local start
+
+    def validate(self) -> None:
+        if self.num_nodes < 1 or self.num_gpus_per_node < 0:
+            raise ValueError("cluster.num_nodes must be >= 1 and cluster.num_gpus_per_node >= 0")
+
+
+@dataclass
+class LoggingConfig:
+    wandb_mode: str = "offline"  # offline (default: no network) | online | disabled
+    project: str = "hymem-train"  # wandb project
+    entity: str = ""  # wandb entity; empty = the user's default
+    log_every: int = 1  # optimizer steps between metric logs
+
+    def validate(self) -> None:
+        if self.wandb_mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"logging.wandb_mode must be offline/online/disabled, got {self.wandb_mode!r}")
+
+
+@dataclass
+class OpdAlgoConfig:
+    num_rollouts_per_row: int = 2  # report: 2 student rollouts per data row
+    teacher_top_k: int = 50  # report: reverse KL over the teacher's top-50 support
+    num_rows_per_step: int = 64  # data rows per optimizer step
+
+
+@dataclass
+class RlAlgoConfig:
+    num_rollouts_per_window: int = 8  # report: 8 rollouts from independent copies of the parent bank
+    num_windows_per_step: int = 64  # report: 64 windows x 8 rollouts = 512 trajectories
+    max_chunks_per_window: int = 5  # report: windows of at most 5 chunks
+    init_from_opd_step: int = 375  # report: RL starts from OPD step 375
+
+
+@dataclass
+class ServeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)  # the served policy
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> None:
+        self.model.validate(), self.engine.validate(), self.logging.validate()
+
+
+@dataclass
+class OpdConfig(ServeConfig):
+    teacher: ModelConfig = field(default_factory=lambda: ModelConfig(preset="tiny_teacher"))  # frozen teacher
+    teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(capture_routes=False))
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    opd: OpdAlgoConfig = field(default_factory=OpdAlgoConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        self.teacher.validate(), self.teacher_engine.validate(), self.cluster.validate()
+
+
+@dataclass
+class RlConfig(ServeConfig):
+    init_checkpoint: str = ""  # OPD checkpoint directory to start from (report: OPD step 375)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rl: RlAlgoConfig = field(default_factory=RlAlgoConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        self.cluster.validate()
+
+
+@dataclass
+class EvaluateConfig(ServeConfig):
+    benchmarks: list[str] = field(default_factory=lambda: ["locomo", "longmemeval"])  # report section: evaluation
+    subsample_fraction: float = 0.2  # report: fixed 20% subsample
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+@dataclass
+class ExportConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)  # what to export (path = a training checkpoint)
+    checkpoint: str = "???"  # checkpoint directory written by sft/opd/rl
+    out_dir: str = "???"  # HF-format output directory (config, safetensors, tokenizer)
+    dtype: str = "bfloat16"  # dtype of the exported weights
+    run: RunConfig = field(default_factory=RunConfig)

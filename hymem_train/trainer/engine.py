@@ -1,0 +1,214 @@
+"""DeepSpeed ZeRO-3 trainer around the HF HYV3 model: one `train_step(micro_batches)` per optimizer step.
+
+- MoE blocks are ZeRO-3 leaf modules: the experts a token visits differ per forward, which breaks
+  ZeRO-3's recorded prefetch order and hangs multi-rank runs otherwise.
+- Gradient accumulation is unmanaged (`managed_gradient_accumulation: false`, `backward(...,
+  scale_wrt_gas=False)`): packing yields a variable number of micro-batches per step, and the
+  loss weights already carry the step's denominators (packing.py), so DeepSpeed's 1/GA scaling
+  must not be applied; its 1/world-size gradient averaging is undone by `PolicyLoss.loss_scale`.
+- Constant learning rate (report: 1e-6 OPD, 5e-6 RL) through a LambdaLR so it is checkpointed.
+- Routing replay wraps forward *and* backward: with gradient checkpointing the layer forward is
+  recomputed during backward, and a recomputation outside the replay context would route freely.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from hymem_train.trainer.losses import LossConfig
+from hymem_train.trainer.packing import MicroBatch, PackingConfig
+from hymem_train.trainer.policy import PolicyLoss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainerConfig:
+    lr: float  # constant learning rate (report: 1e-6 OPD, 5e-6 RL)
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_beta1: float = 0.9  # AdamW beta1
+    adam_beta2: float = 0.999  # AdamW beta2
+    adam_eps: float = 1e-8  # AdamW epsilon
+    max_grad_norm: float = 1.0  # global gradient-norm clip (0 = off)
+    zero_stage: int = 3  # DeepSpeed ZeRO stage (3 in the report's setup)
+    precision: str = "auto"  # "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32"
+    gradient_checkpointing: bool = True  # recompute decoder layers in backward
+    routing_replay: bool = True  # force the rollout engine's experts in the training forward
+    seed: int = 0  # seeds torch / numpy / python RNGs on every rank
+    loss: LossConfig = field(default_factory=LossConfig)  # which loss and its knobs
+    packing: PackingConfig = field(default_factory=PackingConfig)  # micro-batch packing
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"trainer.lr={self.lr}: must be > 0")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"trainer.zero_stage={self.zero_stage}: want 0-3")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"trainer.precision={self.precision!r}: want 'auto', 'bf16' or 'fp32'")
+        self.loss.validate()
+        self.packing.validate()
+
+
+def init_distributed() -> tuple[int, int]:
+    """Start torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPU); returns (rank, world)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    if "RANK" not in os.environ:  # single process without torchrun
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _moe_block_class(model: nn.Module) -> type | None:
+    for m in model.modules():
+        if type(m).__name__ == "HYV3MoE":
+            return type(m)
+    return None
+
+
+class Trainer:
+    """Owns the DeepSpeed engine; the entry points call `train_step`, `save`, `load`, `sync_weights`."""
+
+    def __init__(self, cfg: TrainerConfig, model: nn.Module):
+        cfg.validate()
+        self.cfg = cfg
+        self.rank, self.world_size = init_distributed()
+        import deepspeed
+        from deepspeed.utils import set_z3_leaf_modules
+
+        seed_everything(cfg.seed)
+        on_gpu = torch.cuda.is_available()
+        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
+        if cfg.zero_stage == 3 and (moe := _moe_block_class(model)) is not None:
+            set_z3_leaf_modules(model, [moe])
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        self.policy = PolicyLoss(model, cfg.loss, cfg.packing.mask)
+        self.policy.loss_scale = float(self.world_size)
+        if cfg.zero_stage == 3:
+            deepspeed.zero.register_external_parameter(self.policy, model.lm_head.weight)
+        # torch AdamW as the client optimizer: DeepSpeedCPUAdam needs a C++ op build that is not
+        # available on every CPU box; ZeRO-3 hands AdamW its fp32 partitions either way.
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "managed_gradient_accumulation": False,
+            "gradient_clipping": cfg.max_grad_norm,
+            "zero_optimization": {"stage": cfg.zero_stage, "overlap_comm": False, "contiguous_gradients": True},
+            "zero_allow_untested_optimizer": True,
+            "bf16": {"enabled": bf16},
+            "steps_per_print": 1_000_000_000,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=self.policy, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
+        self.model = model
+        self.routing = None
+        if cfg.routing_replay and _moe_block_class(model) is not None:
+            from hymem_train.models.routing import RoutingController
+
+            self.routing = RoutingController.attach(model)
+        self.device = self.engine.device
+        self.step = 0
+
+    # ---- one optimizer step ----------------------------------------------------------------------
+    def _replay(self, mb: MicroBatch):
+        import contextlib
+
+        if self.routing is None or mb.routes_1TLE is None:
+            return contextlib.nullcontext()
+        return self.routing.replay(mb.routes_1TLE)
+
+    def recompute_old_logprobs(self, micro_batches: list[MicroBatch]) -> None:
+        """PPO `ratio_source: recompute`: old-policy log-probs from the weights before this update."""
+        self.engine.eval()
+        for mb in micro_batches:
+            dev = mb.to(self.device)
+            with self._replay(dev):
+                mb.rollout_logp_N = self.policy.token_logprobs(dev).float().cpu()
+        self.engine.train()
+
+    def train_step(self, micro_batches: list[MicroBatch]) -> dict[str, float]:
+        """Forward/backward every micro-batch of this rank, one optimizer step; metrics reduced over ranks."""
+        t0 = time.perf_counter()
+        if self.cfg.loss.kind == "ppo" and self.cfg.loss.ratio_source == "recompute":
+            self.recompute_old_logprobs(micro_batches)
+        self.engine.train()
+        sums: dict[str, torch.Tensor] = {}
+        mismatch = torch.zeros(2, dtype=torch.float64)
+        for mb in micro_batches:
+            dev = mb.to(self.device)
+            with self._replay(dev):
+                loss, stats = self.engine(dev)
+                self.engine.backward(loss, scale_wrt_gas=False)
+                if self.routing is not None and dev.routes_1TLE is not None:
+                    st = self.routing.stats()
+                    mismatch += torch.tensor([st["moe/replay_mismatch_rate"] * st["moe/replayed_slots"], st["moe/replayed_slots"]], dtype=torch.float64)
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0) + v.detach().double().cpu()
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        self.step += 1
+        keys = sorted(sums)
+        vec = torch.stack([sums[k] for k in keys] + [mismatch[0], mismatch[1]])
+        if self.world_size > 1:
+            torch.distributed.all_reduce(vec)  # every metric is a sum: reduce by addition
+        tot = dict(zip(keys + ["_mm_diff", "_mm_tot"], vec.tolist(), strict=True))
+        return self._metrics(tot, grad_norm, time.perf_counter() - t0)
+
+    def _metrics(self, tot: dict[str, float], grad_norm, seconds: float) -> dict[str, float]:
+        n = max(tot.get("train/num_loss_tokens", 0.0), 1.0)
+        m = {
+            "train/loss": tot["train/loss_weighted_sum"],
+            "train/num_loss_tokens": tot["train/num_loss_tokens"],
+            "train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "train/lr": float(self.scheduler.get_last_lr()[0]),
+            "perf/step_seconds": seconds,
+            "perf/tokens_per_s": tot["perf/num_real_tokens"] / max(seconds, 1e-9),
+            "perf/padding_share": 1.0 - tot["perf/num_real_tokens"] / max(tot["perf/num_row_tokens"], 1.0),
+        }
+        if self.cfg.loss.kind == "opd":
+            c = max(tot["distill/count"], 1.0)
+            m["distill/student_mass_on_support"] = tot["distill/student_mass_sum"] / c
+            m["distill/teacher_mass_on_support"] = tot["distill/teacher_mass_sum"] / c
+            m["distill/teacher_token_coverage"] = tot["distill/coverage_sum"] / c
+            m["distill/entropy"] = tot["distill/entropy_sum"] / c
+        else:
+            if self.cfg.loss.kind == "ppo":
+                m["train/clipfrac"] = tot["train/clipped_sum"] / n
+                m["train/ratio_mean"] = tot["train/ratio_sum"] / n
+            if self.cfg.loss.log_entropy:
+                m["train/entropy"] = tot["train/entropy_sum"] / n
+        if tot["_mm_tot"] > 0:
+            m["moe/replay_mismatch_rate"] = tot["_mm_diff"] / tot["_mm_tot"]
+        return m

@@ -134,8 +134,8 @@ class RoutingController:
 
     def stats(self) -> dict[str, float]:
         """Share of replayed (token, layer) slots where the live router's top-k set differs."""
-        diff = sum(d for d, _ in self._mismatch)
-        tot = sum(t for _, t in self._mismatch)
+        diff = sum(int(d) for d, _ in self._mismatch)
+        tot = sum(int(t) for _, t in self._mismatch)
         return {"moe/replay_mismatch_rate": (diff / tot) if tot else 0.0, "moe/replayed_slots": float(tot)}
 
     # ---- internals -----------------------------------------------------------------------------
@@ -182,8 +182,9 @@ class RoutingController:
             with torch.no_grad():
                 a = torch.sort(free_idx_NK, dim=-1).values
                 b = torch.sort(idx_NK, dim=-1).values
-                differ = ((a != b).any(dim=-1) & replayed).sum().item()
-            self._mismatch[layer] = (int(differ), int(replayed.sum().item()))
+                differ = ((a != b).any(dim=-1) & replayed).sum()
+            # tensors, not .item(): no host sync per layer on GPU; stats() reads them once
+            self._mismatch[layer] = (differ, replayed.sum())
             return router_logits_NE, w_NK, idx_NK
 
         return hook

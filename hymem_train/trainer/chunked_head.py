@@ -9,43 +9,73 @@ Cut Cross-Entropy / Liger's fused linear cross-entropy (both ship Triton-only ke
 serve the CPU path; this is the portable PyTorch version).
 
 Legend: T tokens of a packed row, N loss positions, H hidden, V vocab, K gathered ids per position,
-C rows per chunk.
+R rows and B vocab entries per tile.
 """
 
 from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK_ROWS = 128  # 128 x 120,832 fp32 = 62 MB per chunk buffer at the report's vocab
+DEFAULT_BLOCK_ROWS = 4096  # loss positions per tile: W is read (and its gradient written) once per row block
+DEFAULT_BLOCK_VOCAB = 2048  # vocab entries per tile: 4096 x 2048 fp32 = 32 MB per tile buffer
+
+
+def _tiles(n: int, block: int):
+    for s in range(0, n, block):
+        yield s, min(n, s + block)
+
+
+def _logits(h_RH: torch.Tensor, w_BH: torch.Tensor, inv_t: float) -> torch.Tensor:
+    z_RB = (h_RH @ w_BH.T).float()
+    return z_RB.mul_(inv_t) if inv_t != 1.0 else z_RB
+
+
+def _local_ids(ids_RK: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    local_RK = ids_RK - v0
+    inside_RK = (local_RK >= 0) & (local_RK < v1 - v0)
+    return local_RK.clamp_(0, v1 - v0 - 1), inside_RK
 
 
 class _ChunkedHead(torch.autograd.Function):
-    """(hidden_NH, weight_VH, ids_NK) -> (lse_N, gathered_NK, entropy_N), all fp32."""
+    """(hidden_NH, weight_VH, ids_NK) -> (lse_N, gathered_NK, entropy_N), all fp32.
+
+    Tiled over (row block R, vocab block B). Forward keeps an online log-sum-exp across vocab
+    blocks (running max m, s1 = sum e^(z-m), s2 = sum e^(z-m) z; entropy = lse - s2/s1); backward
+    recomputes each tile's logits from the saved per-row lse and entropy, so every tile is
+    independent and the weight gradient of a vocab block is written once per row block.
+    """
 
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, ids_NK, chunk_rows, inv_temperature, with_entropy):
-        N = hidden_NH.shape[0]
-        K = ids_NK.shape[1]
+    def forward(ctx, hidden_NH, weight_VH, ids_NK, block_rows, block_vocab, inv_t, with_entropy):
+        N, K = ids_NK.shape
+        V = weight_VH.shape[0]
         dev = hidden_NH.device
         lse_N = torch.empty(N, dtype=torch.float32, device=dev)
-        gathered_NK = torch.empty(N, K, dtype=torch.float32, device=dev)
+        gathered_NK = torch.zeros(N, K, dtype=torch.float32, device=dev)
         entropy_N = torch.zeros(N, dtype=torch.float32, device=dev)
-        for s in range(0, N, chunk_rows):
-            e = min(N, s + chunk_rows)
-            z_CV = (hidden_NH[s:e] @ weight_VH.T).float()
-            if inv_temperature != 1.0:
-                z_CV.mul_(inv_temperature)
-            lse_C = torch.logsumexp(z_CV, dim=-1)
-            lse_N[s:e] = lse_C
-            gathered_NK[s:e] = z_CV.gather(1, ids_NK[s:e])
+        for r0, r1 in _tiles(N, block_rows):
+            h_RH, ids_RK = hidden_NH[r0:r1], ids_NK[r0:r1]
+            m_R = torch.full((r1 - r0,), float("-inf"), dtype=torch.float32, device=dev)
+            s1_R = torch.zeros_like(m_R)
+            s2_R = torch.zeros_like(m_R)
+            for v0, v1 in _tiles(V, block_vocab):
+                z_RB = _logits(h_RH, weight_VH[v0:v1], inv_t)
+                local_RK, inside_RK = _local_ids(ids_RK, v0, v1)
+                gathered_NK[r0:r1] += torch.where(inside_RK, z_RB.gather(1, local_RK), 0.0)
+                new_m_R = torch.maximum(m_R, z_RB.amax(-1))
+                rescale_R = (m_R - new_m_R).exp()
+                e_RB = (z_RB - new_m_R[:, None]).exp_()
+                s1_R.mul_(rescale_R).add_(e_RB.sum(-1))
+                if with_entropy:
+                    s2_R.mul_(rescale_R).add_(e_RB.mul_(z_RB).sum(-1))
+                m_R = new_m_R
+                del z_RB, e_RB
+            lse_N[r0:r1] = m_R + s1_R.log()
             if with_entropy:
-                # H = lse - sum_v p_v z_v; reuse the chunk buffer for p to keep two C x V buffers at most
-                pz_C = torch.softmax(z_CV, dim=-1).mul_(z_CV).sum(-1)
-                entropy_N[s:e] = lse_C - pz_C
-            del z_CV
+                entropy_N[r0:r1] = lse_N[r0:r1] - s2_R / s1_R
         ctx.save_for_backward(hidden_NH, weight_VH, ids_NK, lse_N, entropy_N)
-        ctx.chunk_rows = chunk_rows
-        ctx.inv_temperature = inv_temperature
+        ctx.blocks = (block_rows, block_vocab)
+        ctx.inv_t = inv_t
         ctx.with_entropy = with_entropy
         ctx.mark_non_differentiable(ids_NK)
         return lse_N, gathered_NK, entropy_N
@@ -53,38 +83,36 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_lse_N, g_gathered_NK, g_entropy_N):
         hidden_NH, weight_VH, ids_NK, lse_N, entropy_N = ctx.saved_tensors
-        C, inv_t = ctx.chunk_rows, ctx.inv_temperature
+        (block_rows, block_vocab), inv_t = ctx.blocks, ctx.inv_t
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        N, V = hidden_NH.shape[0], weight_VH.shape[0]
         grad_hidden_NH = torch.zeros_like(hidden_NH) if need_h else None
-        grad_weight_VH = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_w else None
-        N = hidden_NH.shape[0]
-        for s in range(0, N, C):
-            e = min(N, s + C)
-            h_CH = hidden_NH[s:e]
-            logp_CV = (h_CH @ weight_VH.T).float()
-            if inv_t != 1.0:
-                logp_CV.mul_(inv_t)
-            logp_CV.sub_(lse_N[s:e, None])
-            gz_CV = logp_CV.exp()  # p
-            if ctx.with_entropy:
-                # dH/dz_j = -p_j (log p_j + H)
-                logp_CV.add_(entropy_N[s:e, None]).mul_(gz_CV).mul_(-g_entropy_N[s:e, None])
-                gz_CV.mul_(g_lse_N[s:e, None]).add_(logp_CV)
-            else:
-                gz_CV.mul_(g_lse_N[s:e, None])
-            del logp_CV
-            gz_CV.scatter_add_(1, ids_NK[s:e], g_gathered_NK[s:e])
-            if inv_t != 1.0:
-                gz_CV.mul_(inv_t)
-            gz_CV = gz_CV.to(hidden_NH.dtype)
-            if need_h:
-                grad_hidden_NH[s:e] = gz_CV @ weight_VH
-            if need_w:
-                grad_weight_VH.addmm_(gz_CV.T.float(), h_CH.float())
-            del gz_CV
-        if need_w:
-            grad_weight_VH = grad_weight_VH.to(weight_VH.dtype)
-        return grad_hidden_NH, grad_weight_VH, None, None, None, None
+        grad_weight_VH = torch.zeros_like(weight_VH) if need_w else None
+        for r0, r1 in _tiles(N, block_rows):
+            h_RH, ids_RK = hidden_NH[r0:r1], ids_NK[r0:r1]
+            lse_R1, ent_R1 = lse_N[r0:r1, None], entropy_N[r0:r1, None]
+            g_lse_R1, g_ent_R1 = g_lse_N[r0:r1, None], g_entropy_N[r0:r1, None]
+            for v0, v1 in _tiles(V, block_vocab):
+                logp_RB = _logits(h_RH, weight_VH[v0:v1], inv_t).sub_(lse_R1)
+                gz_RB = logp_RB.exp()  # p
+                if ctx.with_entropy:
+                    # dH/dz_j = -p_j (log p_j + H)
+                    logp_RB.add_(ent_R1).mul_(gz_RB).mul_(g_ent_R1.neg())
+                    gz_RB.mul_(g_lse_R1).add_(logp_RB)
+                else:
+                    gz_RB.mul_(g_lse_R1)
+                del logp_RB
+                local_RK, inside_RK = _local_ids(ids_RK, v0, v1)
+                gz_RB.scatter_add_(1, local_RK, torch.where(inside_RK, g_gathered_NK[r0:r1], 0.0))
+                if inv_t != 1.0:
+                    gz_RB.mul_(inv_t)
+                gz_RB = gz_RB.to(hidden_NH.dtype)
+                if need_h:
+                    grad_hidden_NH[r0:r1].addmm_(gz_RB, weight_VH[v0:v1])
+                if need_w:
+                    grad_weight_VH[v0:v1].addmm_(gz_RB.T, h_RH)
+                del gz_RB
+        return grad_hidden_NH, grad_weight_VH, None, None, None, None, None
 
 
 def chunked_head(
@@ -92,7 +120,8 @@ def chunked_head(
     weight_VH: torch.Tensor,
     ids_NK: torch.Tensor,
     *,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    block_vocab: int = DEFAULT_BLOCK_VOCAB,
     temperature: float = 1.0,
     with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -106,12 +135,18 @@ def chunked_head(
         raise ValueError(
             f"chunked_head: want hidden [N, H] and ids [N, K], got {tuple(hidden_NH.shape)} and {tuple(ids_NK.shape)}"
         )
-    if chunk_rows < 1:
-        raise ValueError(f"chunked_head: chunk_rows must be >= 1, got {chunk_rows}")
+    if block_rows < 1 or block_vocab < 1:
+        raise ValueError(f"chunked_head: block_rows / block_vocab must be >= 1, got {block_rows} / {block_vocab}")
     if temperature <= 0:
         raise ValueError(f"chunked_head: temperature must be > 0, got {temperature}")
     return _ChunkedHead.apply(
-        hidden_NH, weight_VH, ids_NK.long(), int(chunk_rows), 1.0 / float(temperature), bool(with_entropy)
+        hidden_NH,
+        weight_VH,
+        ids_NK.long(),
+        int(block_rows),
+        int(block_vocab),
+        1.0 / float(temperature),
+        bool(with_entropy),
     )
 
 

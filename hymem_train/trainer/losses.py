@@ -26,7 +26,8 @@ class LossConfig:
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None = off
     ratio_source: str = "rollout"  # "rollout": engine logprobs; "recompute": old policy forward before the update
     temperature: float = 1.0  # sampling temperature of the rollout engine (logits are divided by it)
-    chunk_rows: int = 128  # loss positions per chunk of the chunked LM head
+    block_rows: int = 4096  # chunked LM head tile: loss positions per row block
+    block_vocab: int = 2048  # chunked LM head tile: vocab entries per block
     log_entropy: bool = False  # PPO/SFT: also compute the entropy (logging only, ~15% more loss-head time)
 
     def validate(self) -> None:
@@ -38,8 +39,8 @@ class LossConfig:
             raise ValueError(f"trainer.loss.ratio_source={self.ratio_source!r}: want 'rollout' or 'recompute'")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"trainer.loss.dual_clip={self.dual_clip}: must be > 1 (or null)")
-        if self.chunk_rows < 1:
-            raise ValueError(f"trainer.loss.chunk_rows={self.chunk_rows}: must be >= 1")
+        if self.block_rows < 1 or self.block_vocab < 1:
+            raise ValueError("trainer.loss.block_rows / trainer.loss.block_vocab must be >= 1")
 
 
 def opd_token_loss(

@@ -41,7 +41,8 @@ class PolicyLoss(nn.Module):
             h_NH,
             self.model.lm_head.weight,
             mb.target_ids_N[:, None],
-            chunk_rows=self.loss_cfg.chunk_rows,
+            block_rows=self.loss_cfg.block_rows,
+            block_vocab=self.loss_cfg.block_vocab,
             temperature=self.loss_cfg.temperature,
             with_entropy=False,
         )
@@ -56,7 +57,12 @@ class PolicyLoss(nn.Module):
         if cfg.kind == "opd":
             assert mb.teacher_ids_NK is not None and mb.teacher_logp_NK is not None
             lse_N, zk_NK, ent_N = chunked_head(
-                h_NH, W_VH, mb.teacher_ids_NK, chunk_rows=cfg.chunk_rows, temperature=cfg.temperature
+                h_NH,
+                W_VH,
+                mb.teacher_ids_NK,
+                block_rows=cfg.block_rows,
+                block_vocab=cfg.block_vocab,
+                temperature=cfg.temperature,
             )
             loss_N = opd_token_loss(
                 lse_N, zk_NK, mb.teacher_logp_NK, ent_N, form=cfg.opd_form, entropy_coef=cfg.entropy_coef
@@ -69,7 +75,8 @@ class PolicyLoss(nn.Module):
                 h_NH,
                 W_VH,
                 mb.target_ids_N[:, None],
-                chunk_rows=cfg.chunk_rows,
+                block_rows=cfg.block_rows,
+                block_vocab=cfg.block_vocab,
                 temperature=cfg.temperature,
                 with_entropy=cfg.log_entropy,
             )

@@ -26,7 +26,9 @@ def run_clients(args) -> None:
 
     def call(i: int) -> int:
         msgs = [{"role": "user", "content": f"Chunk {i}: Alice said her dog Rex likes the park on Sundays."}]
-        r = clients[i].chat.completions.create(model="policy", messages=msgs, max_tokens=args.max_tokens, seed=i)
+        r = clients[i].chat.completions.create(
+            model="policy", messages=msgs, max_tokens=args.max_tokens, seed=i
+        )
         return r.usage.completion_tokens
 
     call(0)  # warm-up
@@ -37,7 +39,9 @@ def run_clients(args) -> None:
     with cf.ThreadPoolExecutor(args.clients) as ex:
         conc_tokens = sum(ex.map(call, range(len(clients))))
     conc_s = time.perf_counter() - t
-    print(json.dumps({"seq_tokens": seq_tokens, "seq_s": seq_s, "conc_tokens": conc_tokens, "conc_s": conc_s}))
+    print(
+        json.dumps({"seq_tokens": seq_tokens, "seq_s": seq_s, "conc_tokens": conc_tokens, "conc_s": conc_s})
+    )
 
 
 def main() -> None:
@@ -61,7 +65,9 @@ def main() -> None:
 
     torch.set_num_threads(1)  # one core for the engine, one for the clients
     tok = default_tokenizer()
-    engine = HFEngine(build_model(args.preset, seed=0), [tok.eos_token_id], tok.pad_token_id, max_model_len=1024)
+    engine = HFEngine(
+        build_model(args.preset, seed=0), [tok.eos_token_id], tok.pad_token_id, max_model_len=1024
+    )
     gw = Gateway(engine, tok, GatewayConfig(embeddings=False, batch_wait_ms=5))
     with GatewayServer(gw) as srv:
         creds = []

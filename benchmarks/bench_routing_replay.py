@@ -33,7 +33,7 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         t = time.perf_counter()
         ctx = ctl.replay(routes) if replay else torch.enable_grad()
-        with ctx, (torch.enable_grad() if args.backward else torch.no_grad()):
+        with ctx, torch.enable_grad() if args.backward else torch.no_grad():
             out = model(ids).logits
             if args.backward:
                 out.float().logsumexp(-1).mean().backward()

@@ -25,7 +25,9 @@ CHUNKS = [
     "Alice: I finally adopted a dog last week, his name is Rex.\nBob: Congrats! What breed?",
     "Alice: Rex is a beagle. Also, I moved from Boston to Seattle in March.\nBob: Big month!",
 ]
-SYSTEM = "You write memories. Return JSON operations ADD, UPDATE, DELETE or NONE for the new conversation chunk."
+SYSTEM = (
+    "You write memories. Return JSON operations ADD, UPDATE, DELETE or NONE for the new conversation chunk."
+)
 
 
 def run_gateway_demo(overrides: list[str] | None = None, num_trajectories: int = 3) -> dict:
@@ -42,7 +44,10 @@ def run_gateway_demo(overrides: list[str] | None = None, num_trajectories: int =
     print(f"model preset={cfg.model.preset} engine={cfg.engine.kind} run dir={out_dir}")
     with GatewayServer(gateway) as server:
         print(f"gateway: {server.base_url}")
-        trajs = {f"demo-traj-{i}": gateway.register(f"demo-traj-{i}", f"demo-bank-{i}") for i in range(num_trajectories)}
+        trajs = {
+            f"demo-traj-{i}": gateway.register(f"demo-traj-{i}", f"demo-bank-{i}")
+            for i in range(num_trajectories)
+        }
 
         def write_chunk(tid: str, chunk: int) -> str:
             client = openai.OpenAI(base_url=server.base_url, api_key=trajs[tid], max_retries=0)
@@ -67,7 +72,9 @@ def run_gateway_demo(overrides: list[str] | None = None, num_trajectories: int =
         a, b = list(trajs)[:2]
         bad = openai.OpenAI(base_url=f"{server.url}/t/{b}/v1", api_key=trajs[a], max_retries=0)
         try:
-            bad.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            bad.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
             print("ERROR: a mismatched identity was accepted")
         except openai.PermissionDeniedError as e:
             print(f"mismatched identity rejected: HTTP {e.status_code}")
@@ -75,7 +82,9 @@ def run_gateway_demo(overrides: list[str] | None = None, num_trajectories: int =
 
     segs = gateway.store.all()
     print(f"\nrecorded segments: {len(segs)} (also in {seg_path})")
-    print(f"{'trajectory':<12} {'chunk':>5} {'call':>4} {'prompt':>6} {'resp':>5} {'finish':>6} {'mean lp':>8} routes")
+    print(
+        f"{'trajectory':<12} {'chunk':>5} {'call':>4} {'prompt':>6} {'resp':>5} {'finish':>6} {'mean lp':>8} routes"
+    )
     for s in sorted(segs, key=lambda s: (s.trajectory_id, s.chunk_index, s.call_index)):
         routes = "x".join(map(str, s.routed_experts_TLK.shape)) if s.routed_experts_TLK is not None else "-"
         print(f"{s.trajectory_id:<12} {s.chunk_index:>5} {s.call_index:>4} {len(s.prompt_ids):>6} "

@@ -97,7 +97,9 @@ class RlConfig(ServeConfig):
 
 @dataclass
 class EvaluateConfig(ServeConfig):
-    benchmarks: list[str] = field(default_factory=lambda: ["locomo", "longmemeval"])  # report section: evaluation
+    benchmarks: list[str] = field(
+        default_factory=lambda: ["locomo", "longmemeval"]
+    )  # report section: evaluation
     subsample_fraction: float = 0.2  # report: fixed 20% subsample
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 

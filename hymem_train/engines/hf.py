@@ -77,10 +77,14 @@ class HFEngine:
         out: list[GenerationOutput] = []
         with self._lock, torch.inference_mode():
             for s in range(0, len(prompts), self.max_batch_size):
-                out += self._generate_batch(prompts[s : s + self.max_batch_size], params[s : s + self.max_batch_size])
+                out += self._generate_batch(
+                    prompts[s : s + self.max_batch_size], params[s : s + self.max_batch_size]
+                )
         return out
 
-    def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+    def _generate_batch(
+        self, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> list[GenerationOutput]:
         B = len(prompts)
         S = max(len(p) for p in prompts)
         ids_BS = torch.full((B, S), self.pad_token_id, dtype=torch.long)
@@ -91,7 +95,8 @@ class HFEngine:
         ids_BS, mask_BS = ids_BS.to(self.device), mask_BS.to(self.device)
         pos_BS = (mask_BS.cumsum(-1) - 1).clamp(min=0)
         gens = [
-            torch.Generator(device="cpu").manual_seed(sp.seed) if sp.seed is not None else self._rng for sp in params
+            torch.Generator(device="cpu").manual_seed(sp.seed) if sp.seed is not None else self._rng
+            for sp in params
         ]
         stops = [set(self.eos_token_ids) | set(sp.stop_token_ids) for sp in params]
         resp: list[list[int]] = [[] for _ in range(B)]
@@ -101,10 +106,18 @@ class HFEngine:
         capture = self.routing.capture() if self.routing is not None else None
         rec = capture.__enter__() if capture is not None else None
         try:
-            logits_BV = self.model(
-                input_ids=ids_BS, attention_mask=mask_BS, position_ids=pos_BS, cache=cache, use_cache=True,
-                logits_to_keep=1,
-            ).logits[:, -1].float()
+            logits_BV = (
+                self.model(
+                    input_ids=ids_BS,
+                    attention_mask=mask_BS,
+                    position_ids=pos_BS,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1]
+                .float()
+            )
             next_pos_B = pos_BS[:, -1] + 1
             for _ in range(max(sp.max_tokens for sp in params)):
                 logp_BV = F.log_softmax(logits_BV, dim=-1)
@@ -131,21 +144,29 @@ class HFEngine:
                 # finished rows keep stepping on a masked pad (their outputs are ignored)
                 active_B = torch.tensor([f is None for f in finish], dtype=torch.long, device=self.device)
                 mask_BS = torch.cat([mask_BS, active_B[:, None]], dim=1)
-                logits_BV = self.model(
-                    input_ids=torch.tensor(step_ids, device=self.device)[:, None],
-                    attention_mask=mask_BS,
-                    position_ids=next_pos_B[:, None],
-                    cache=cache,
-                    use_cache=True,
-                ).logits[:, -1].float()
+                logits_BV = (
+                    self.model(
+                        input_ids=torch.tensor(step_ids, device=self.device)[:, None],
+                        attention_mask=mask_BS,
+                        position_ids=next_pos_B[:, None],
+                        cache=cache,
+                        use_cache=True,
+                    )
+                    .logits[:, -1]
+                    .float()
+                )
                 next_pos_B = next_pos_B + active_B
         finally:
             if capture is not None:
                 capture.__exit__(None, None, None)
         routes = self._routes_per_request(rec, prompts, resp, S) if rec is not None else [None] * B
         return [
-            GenerationOutput(response_ids=resp[i], logprobs=lps[i], finish_reason=finish[i] or "length",
-                             routed_experts_TLE=routes[i])
+            GenerationOutput(
+                response_ids=resp[i],
+                logprobs=lps[i],
+                finish_reason=finish[i] or "length",
+                routed_experts_TLE=routes[i],
+            )
             for i in range(B)
         ]
 
@@ -167,7 +188,9 @@ class HFEngine:
         return out
 
     # ---- teacher scoring -----------------------------------------------------------------------
-    def topk_logprobs(self, sequences: list[list[int]], k: int, position_chunk: int = 1024) -> list[TopKLogprobs]:
+    def topk_logprobs(
+        self, sequences: list[list[int]], k: int, position_chunk: int = 1024
+    ) -> list[TopKLogprobs]:
         """Top-k raw logprobs at every position; the lm_head runs in position chunks so the full
         [T, V] logits of a long sequence are never materialised at once."""
         if k < 1:
@@ -178,7 +201,9 @@ class HFEngine:
                 if not seq:
                     raise ValueError(f"sequence {seq_i} is empty")
                 if len(seq) > self.max_model_len:
-                    raise ValueError(f"sequence {seq_i}: {len(seq)} tokens > max_model_len {self.max_model_len}")
+                    raise ValueError(
+                        f"sequence {seq_i}: {len(seq)} tokens > max_model_len {self.max_model_len}"
+                    )
                 ids = torch.tensor([seq], device=self.device)
                 h_TH = self.model.model(input_ids=ids).last_hidden_state[0]
                 ids_chunks, lp_chunks = [], []

@@ -107,7 +107,9 @@ class VLLMEngine:
             if self.capture_routes:
                 r = np.asarray(c.routed_experts, dtype=np.int16)
                 if r.shape[0] != len(p) + len(ids) - 1:
-                    raise RuntimeError(f"vLLM returned {r.shape[0]} route rows for {len(p)}+{len(ids)} tokens")
+                    raise RuntimeError(
+                        f"vLLM returned {r.shape[0]} route rows for {len(p)}+{len(ids)} tokens"
+                    )
                 pad = np.full((1, *r.shape[1:]), NOT_ROUTED, dtype=np.int16)
                 routes = np.concatenate([r, pad])
             reason = "stop" if c.finish_reason == "stop" else "length"
@@ -116,7 +118,9 @@ class VLLMEngine:
 
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
         vllm = _import_vllm()
-        sp = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False)
+        sp = vllm.SamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False
+        )
         outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
         results = []
         for seq_i, (seq, o) in enumerate(zip(sequences, outs, strict=True)):

@@ -92,7 +92,9 @@ class IdentityRegistry:
             ident = self._by_cred.get(credential or "")
             if ident is None:
                 self.rejected["unknown"] += 1
-                raise UnknownIdentity("missing or unknown credential (Authorization: Bearer <trajectory key>)")
+                raise UnknownIdentity(
+                    "missing or unknown credential (Authorization: Bearer <trajectory key>)"
+                )
             if claimed_trajectory is not None and claimed_trajectory != ident.trajectory_id:
                 self.rejected["mismatch"] += 1
                 raise IdentityMismatch(
@@ -100,7 +102,9 @@ class IdentityRegistry:
                 )
             if claimed_bank is not None and claimed_bank != ident.bank_id:
                 self.rejected["mismatch"] += 1
-                raise IdentityMismatch(f"credential belongs to bank {ident.bank_id!r}, request claims {claimed_bank!r}")
+                raise IdentityMismatch(
+                    f"credential belongs to bank {ident.bank_id!r}, request claims {claimed_bank!r}"
+                )
             if need_chunk and ident.chunk_index < 0:
                 self.rejected["no_chunk"] += 1
                 raise NoChunkSet(f"trajectory {ident.trajectory_id!r} has no current chunk (set_chunk first)")

@@ -20,7 +20,9 @@ class GatewayServer:
         self.gateway = gateway
         self.host = host or gateway.cfg.host
         self.port = port or gateway.cfg.port or free_port(self.host)
-        config = uvicorn.Config(gateway.app, host=self.host, port=self.port, log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            gateway.app, host=self.host, port=self.port, log_level="warning", access_log=False
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gateway-http", daemon=True)
 

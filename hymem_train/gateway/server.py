@@ -48,14 +48,19 @@ class GatewayConfig:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str, type_: str = "invalid_request_error", param=None):
+    def __init__(
+        self, status: int, message: str, code: str, type_: str = "invalid_request_error", param=None
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.type, self.param = status, message, code, type_, param
 
 
-def _error(status: int, message: str, code: str, type_: str = "invalid_request_error", param=None) -> JSONResponse:
+def _error(
+    status: int, message: str, code: str, type_: str = "invalid_request_error", param=None
+) -> JSONResponse:
     return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": type_, "param": param, "code": code}}
+        status_code=status,
+        content={"error": {"message": message, "type": type_, "param": param, "code": code}},
     )
 
 
@@ -71,7 +76,9 @@ def _content_text(content: Any, i: int) -> str:
         parts = []
         for p in content:
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise ApiError(400, f"messages[{i}].content: only text parts are supported", "invalid_content")
+                raise ApiError(
+                    400, f"messages[{i}].content: only text parts are supported", "invalid_content"
+                )
             parts.append(p["text"])
         return "".join(parts)
     if content is None:
@@ -129,7 +136,9 @@ class Gateway:
 
         @app.exception_handler(IdentityError)
         async def _identity_error(_: Request, e: IdentityError):
-            return _error(e.status, str(e), e.code, "authentication_error" if e.status == 401 else "permission_error")
+            return _error(
+                e.status, str(e), e.code, "authentication_error" if e.status == 401 else "permission_error"
+            )
 
         @app.get("/health")
         async def health():
@@ -160,7 +169,9 @@ class Gateway:
 
         def _admin(request: Request) -> None:
             if not secrets.compare_digest(request.headers.get("x-admin-token", ""), self.admin_token):
-                raise ApiError(401, "admin endpoint needs X-Admin-Token", "invalid_admin_token", "authentication_error")
+                raise ApiError(
+                    401, "admin endpoint needs X-Admin-Token", "invalid_admin_token", "authentication_error"
+                )
 
         @app.post("/admin/trajectories")
         async def register(request: Request):
@@ -206,7 +217,9 @@ class Gateway:
     def _parse_chat(self, body: dict[str, Any]) -> tuple[list[dict[str, str]], SamplingParams]:
         unknown = sorted(set(body) - _KNOWN)
         if unknown:
-            raise ApiError(400, f"unsupported field(s): {', '.join(unknown)}", "unsupported_field", param=unknown[0])
+            raise ApiError(
+                400, f"unsupported field(s): {', '.join(unknown)}", "unsupported_field", param=unknown[0]
+            )
         model = body.get("model")
         if model != self.cfg.served_model_name:
             raise ApiError(404, f"model {model!r} not served here; use {self.cfg.served_model_name!r}",
@@ -216,22 +229,36 @@ class Gateway:
             raise ApiError(400, "messages must be a non-empty list", "invalid_messages", param="messages")
         clean = []
         for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-                raise ApiError(400, f"messages[{i}] needs a role in system/user/assistant/tool", "invalid_messages")
+            if not isinstance(m, dict) or m.get("role") not in (
+                "system",
+                "user",
+                "assistant",
+                "tool",
+                "developer",
+            ):
+                raise ApiError(
+                    400, f"messages[{i}] needs a role in system/user/assistant/tool", "invalid_messages"
+                )
             role = "system" if m["role"] == "developer" else m["role"]
             clean.append({"role": role, "content": _content_text(m.get("content"), i)})
         if body.get("stream"):
-            raise ApiError(400, "stream=true is not supported (segments are recorded whole)", "unsupported_stream")
+            raise ApiError(
+                400, "stream=true is not supported (segments are recorded whole)", "unsupported_stream"
+            )
         if body.get("n", 1) != 1:
             raise ApiError(400, "n must be 1: each rollout is its own trajectory", "unsupported_n", param="n")
         if body.get("stop"):
             raise ApiError(400, "stop strings are not supported: responses must stay token-exact (EOS stops)",
                            "unsupported_stop", param="stop")  # fmt: skip
         try:
-            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or self.cfg.default_max_tokens
+            max_tokens = (
+                body.get("max_tokens") or body.get("max_completion_tokens") or self.cfg.default_max_tokens
+            )
             sp = SamplingParams(
                 max_tokens=int(max_tokens),
-                temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
+                temperature=float(
+                    body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0
+                ),
                 top_p=float(body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0),
                 top_k=int(body.get("top_k") or 0),
                 seed=int(body["seed"]) if body.get("seed") is not None else None,
@@ -278,10 +305,19 @@ class Gateway:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.cfg.served_model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.response_text(out)},
-                         "finish_reason": out.finish_reason, "logprobs": None}],  # fmt: skip
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out.response_ids),
-                      "total_tokens": len(prompt_ids) + len(out.response_ids)},  # fmt: skip
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.response_text(out)},
+                    "finish_reason": out.finish_reason,
+                    "logprobs": None,
+                }
+            ],  # fmt: skip
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(out.response_ids),
+                "total_tokens": len(prompt_ids) + len(out.response_ids),
+            },  # fmt: skip
         }
 
     def response_text(self, out) -> str:
@@ -298,8 +334,15 @@ class Gateway:
         inp = body.get("input")
         texts = [inp] if isinstance(inp, str) else inp
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise ApiError(400, "input must be a string or a non-empty list of strings", "invalid_input", "input")
-        if body.get("model") not in (None, self.embedder.name, "text-embedding-3-small", "text-embedding-ada-002"):
+            raise ApiError(
+                400, "input must be a string or a non-empty list of strings", "invalid_input", "input"
+            )
+        if body.get("model") not in (
+            None,
+            self.embedder.name,
+            "text-embedding-3-small",
+            "text-embedding-ada-002",
+        ):
             raise ApiError(404, f"embedding model {body.get('model')!r} not served; use {self.embedder.name!r}",
                            "model_not_found", param="model")  # fmt: skip
         import asyncio

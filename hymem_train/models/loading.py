@@ -36,9 +36,14 @@ def load_model(cfg: ModelConfig):
     cfg.validate()
     if cfg.path:
         return HYV3ForCausalLM.from_pretrained(
-            cfg.path, local_files_only=True, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+            cfg.path,
+            local_files_only=True,
+            dtype=DTYPES[cfg.dtype],
+            attn_implementation=cfg.attn_implementation,
         )
-    return build_model(make_config(cfg.preset, attn_implementation=cfg.attn_implementation), cfg.seed, DTYPES[cfg.dtype])
+    return build_model(
+        make_config(cfg.preset, attn_implementation=cfg.attn_implementation), cfg.seed, DTYPES[cfg.dtype]
+    )
 
 
 def load_tokenizer_for(cfg: ModelConfig):

@@ -96,7 +96,9 @@ def make_config(name: str, **overrides: Any) -> HYV3Config:
     return cfg
 
 
-def build_model(config: HYV3Config | str, seed: int = 0, dtype: torch.dtype = torch.float32) -> HYV3ForCausalLM:
+def build_model(
+    config: HYV3Config | str, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> HYV3ForCausalLM:
     """A randomly initialised HYV3ForCausalLM; deterministic in `seed`."""
     if isinstance(config, str):
         config = make_config(config)

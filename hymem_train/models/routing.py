@@ -113,7 +113,9 @@ class RoutingController:
             r = r.reshape(-1, r.shape[-2], r.shape[-1])
         if r.dim() != 3:
             self._mode = "off"
-            raise RoutingMismatchError(f"routes must be [N, L, K] or [B, S, L, K], got shape {tuple(r.shape)}")
+            raise RoutingMismatchError(
+                f"routes must be [N, L, K] or [B, S, L, K], got shape {tuple(r.shape)}"
+            )
         if r.shape[1] != self.num_layers or r.shape[2] != self.top_k:
             self._mode = "off"
             raise RoutingMismatchError(

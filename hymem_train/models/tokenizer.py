@@ -82,7 +82,9 @@ def write_corpus(path: Path = CORPUS_PATH, seed: int = 0, num_lines: int = 6000)
                 "Return JSON operations ADD, UPDATE, DELETE or NONE for the new conversation chunk."
             )
         else:
-            lines.append(f"On {rng.choice(values)} {rng.randint(1, 28)}, 20{rng.randint(10, 26)}, {n} said: {v}!")
+            lines.append(
+                f"On {rng.choice(values)} {rng.randint(1, 28)}, 20{rng.randint(10, 26)}, {n} said: {v}!"
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 

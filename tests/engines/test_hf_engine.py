@@ -20,7 +20,10 @@ def engine(tok):
 
 
 def _prompts(tok):
-    return [tok.encode(t) for t in ["hi", "My dog is Rex and my cat is Luna.", "Alice moved to Paris in March 2024."]]
+    return [
+        tok.encode(t)
+        for t in ["hi", "My dog is Rex and my cat is Luna.", "Alice moved to Paris in March 2024."]
+    ]
 
 
 def test_batched_equals_one_at_a_time(engine, tok):
@@ -64,7 +67,9 @@ def test_engine_routes_replay_into_a_training_forward(engine, tok):
 
 def test_seeded_sampling_is_reproducible_and_seeds_differ(engine, tok):
     p = _prompts(tok)[0]
-    a = engine.generate([p, p], [SamplingParams(max_tokens=16, seed=1), SamplingParams(max_tokens=16, seed=2)])
+    a = engine.generate(
+        [p, p], [SamplingParams(max_tokens=16, seed=1), SamplingParams(max_tokens=16, seed=2)]
+    )
     b = engine.generate([p], [SamplingParams(max_tokens=16, seed=1)])
     assert a[0].response_ids == b[0].response_ids
     assert a[0].response_ids != a[1].response_ids

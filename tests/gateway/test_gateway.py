@@ -54,10 +54,14 @@ def test_openai_client_roundtrip_is_token_exact(server, gw):
     (seg,) = gw.store.get(tid)
     tok = gw.tok
     # exact ids in: the chat template of the messages, as the engine saw them
-    assert seg.prompt_ids == tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert seg.prompt_ids == tok.apply_chat_template(
+        MSG, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     ids = seg.response_ids[:-1] if seg.finish_reason == "stop" else seg.response_ids
     assert tok.decode(ids, skip_special_tokens=False) == text  # exact ids out decode to what the client got
-    assert r.usage.completion_tokens == len(seg.response_ids) and r.choices[0].finish_reason == seg.finish_reason
+    assert (
+        r.usage.completion_tokens == len(seg.response_ids) and r.choices[0].finish_reason == seg.finish_reason
+    )
     assert (seg.chunk_index, seg.call_index, seg.bank_id) == (2, 0, f"bank-{tid}")
     assert len(seg.logprobs) == len(seg.response_ids) and all(lp <= 0 for lp in seg.logprobs)
     assert seg.routed_experts_TLK.shape == (seg.num_tokens, 2, 2)
@@ -74,7 +78,9 @@ def test_concurrent_clients_are_batched_and_kept_apart(server, gw):
     def call(i):
         tid, cred = trajs[i]
         msgs = [{"role": "user", "content": f"Request number {i}: my favourite colour is blue."}]
-        r = _client(server, cred).chat.completions.create(model="policy", messages=msgs, max_tokens=16, seed=i)
+        r = _client(server, cred).chat.completions.create(
+            model="policy", messages=msgs, max_tokens=16, seed=i
+        )
         return tid, msgs, r.choices[0].message.content
 
     before = len(gw.batcher.batch_sizes)
@@ -83,17 +89,23 @@ def test_concurrent_clients_are_batched_and_kept_apart(server, gw):
     assert max(gw.batcher.batch_sizes[before:]) > 1  # requests shared forwards
     for tid, msgs, text in results:
         (seg,) = gw.store.get(tid)
-        assert gw.tok.decode(seg.prompt_ids).endswith(msgs[0]["content"] + "<|im_end|>\n<|im_start|>assistant\n")
+        assert gw.tok.decode(seg.prompt_ids).endswith(
+            msgs[0]["content"] + "<|im_end|>\n<|im_start|>assistant\n"
+        )
         ids = seg.response_ids[:-1] if seg.finish_reason == "stop" else seg.response_ids
         assert gw.tok.decode(ids) == text
 
 
 def test_embeddings_from_local_minilm(server, gw):
     _, cred = _traj(gw, chunk=None)  # embeddings need identity, not a chunk
-    e = _client(server, cred).embeddings.create(model="all-MiniLM-L6-v2", input=["Alice's dog is Rex", "dog named Rex"])
+    e = _client(server, cred).embeddings.create(
+        model="all-MiniLM-L6-v2", input=["Alice's dog is Rex", "dog named Rex"]
+    )
     a, b = (np.array(d.embedding) for d in e.data)
     assert a.shape == (384,) and abs(np.linalg.norm(a) - 1) < 1e-4
-    far = np.array(_client(server, cred).embeddings.create(model="all-MiniLM-L6-v2", input="tax law").data[0].embedding)
+    far = np.array(
+        _client(server, cred).embeddings.create(model="all-MiniLM-L6-v2", input="tax law").data[0].embedding
+    )
     assert a @ b > a @ far
 
 
@@ -101,7 +113,9 @@ def _post(server, path, body, cred=None, headers=None, raw=None):
     h = {"content-type": "application/json", **(headers or {})}
     if cred:
         h["authorization"] = f"Bearer {cred}"
-    return httpx.post(server.url + path, content=raw if raw is not None else json.dumps(body), headers=h, timeout=30)
+    return httpx.post(
+        server.url + path, content=raw if raw is not None else json.dumps(body), headers=h, timeout=30
+    )
 
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -185,8 +199,15 @@ def test_scoped_path_with_own_identity_works(server, gw):
 def test_admin_endpoints_over_http(server, gw):
     adm = {"x-admin-token": gw.admin_token}
     assert _post(server, "/admin/trajectories", {"trajectory_id": "h1", "bank_id": "b1"}).status_code == 401
-    cred = _post(server, "/admin/trajectories", {"trajectory_id": "h1", "bank_id": "b1"}, headers=adm).json()["credential"]
-    assert _post(server, "/admin/trajectories", {"trajectory_id": "h1", "bank_id": "b1"}, headers=adm).status_code == 409
+    cred = _post(server, "/admin/trajectories", {"trajectory_id": "h1", "bank_id": "b1"}, headers=adm).json()[
+        "credential"
+    ]
+    assert (
+        _post(
+            server, "/admin/trajectories", {"trajectory_id": "h1", "bank_id": "b1"}, headers=adm
+        ).status_code
+        == 409
+    )
     assert _post(server, "/admin/trajectories/h1/chunk", {"chunk_index": 4}, headers=adm).status_code == 200
     _client(server, cred).chat.completions.create(model="policy", messages=MSG, max_tokens=3)
     segs = httpx.get(f"{server.url}/admin/segments/h1?drain=true", headers=adm).json()["segments"]

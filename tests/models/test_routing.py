@@ -63,7 +63,11 @@ def test_c_mismatched_routes_raise_clear_errors(model):
         pass
     with pytest.raises(RoutingMismatchError, match="top-"), ctl.replay(routes[:, :, :1]):
         pass
-    with pytest.raises(RoutingMismatchError, match="token alignment"), torch.no_grad(), ctl.replay(routes[:-1]):
+    with (
+        pytest.raises(RoutingMismatchError, match="token alignment"),
+        torch.no_grad(),
+        ctl.replay(routes[:-1]),
+    ):
         model(ids)
     bad = routes.copy()
     bad[0, 0, 0] = 99

@@ -22,14 +22,19 @@ def test_chat_template_and_special_tokens():
     tok = load_tokenizer()
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text
+        == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
     assert ids.count(im_start) == 3  # special tokens are single ids, never split into bytes
 
 
 def test_shipped_tokenizer_is_reproducible():
-    r = subprocess.run([sys.executable, "scripts/build_tokenizer.py", "--check"], cwd=REPO_HINT, capture_output=True)
+    r = subprocess.run(
+        [sys.executable, "scripts/build_tokenizer.py", "--check"], cwd=REPO_HINT, capture_output=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 

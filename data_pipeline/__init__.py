@@ -1,1 +1,15 @@
-"""data_pipeline"""
+"""Reward and evaluation data (issue 4; DESIGN.md section 1 "Reward data").
+
+    schema.py            canonical, versioned records + HF Features (Sequence, Chunk, Window, Probe, ...)
+    loaders.py           LoCoMo / LongMemEval original layouts, generic JSONL -> Sequences + EvalItems
+    chunking.py          chunks (session / token budget), windows (<= 5 chunks), the seeded eval subsample
+    synthetic.py         synthetic streams with gold facts, probes, traps and ORM questions by construction
+    annotate.py          PRM and ORM annotation passes through an OpenAI-compatible annotator (cached)
+    judge_validation.py  does a judge rank 5 synthetic answers per item as expected?
+    stats.py             the report's statistics table per harness configuration
+    store.py             datasets on disk (atomic writes), BuiltDataset reader
+    build.py             `python -m data_pipeline.build` (configs/data_build.yaml + configs/data/)
+    testing.py           stand-in OpenAI-compatible server and scripted annotator for tests
+
+See docs/data.md.
+"""

@@ -3,6 +3,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reward.advantage import (
     chunk_score_valid,
@@ -100,3 +102,27 @@ def test_segment_without_chunk_mapping_raises(bad):
     with pytest.raises(ValueError, match="silent failure 3") as e:
         segment_advantages(adv, [[0, 1], [0, bad]], where="window w7")
     assert "window w7" in str(e.value) and "rollout 1 segment 1" in str(e.value)
+
+
+# --- properties (hypothesis): hold for any group, not just the hand-worked ones
+
+_cell = st.tuples(st.floats(-10, 10, allow_nan=False), st.booleans())
+_groups = st.integers(1, 4).flatmap(
+    lambda C: st.lists(st.lists(_cell, min_size=C, max_size=C), min_size=1, max_size=8)
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_groups)
+def test_chunk_advantages_centre_each_column_and_ignore_invalid_cells(cells):
+    s = [[c[0] for c in row] for row in cells]
+    v = [[c[1] for c in row] for row in cells]
+    adv = grpo_chunk_advantages(s, v)
+    for t in range(len(s[0])):
+        rows = [i for i in range(len(s)) if v[i][t]]
+        assert all(adv[i][t] == 0.0 for i in range(len(s)) if not v[i][t])
+        if len(rows) >= 2:
+            assert abs(sum(adv[i][t] for i in rows)) < 1e-6
+    # a wild invalid rollout added to the group moves nothing
+    wild = grpo_chunk_advantages([*s, [1e9] * len(s[0])], [*v, [False] * len(s[0])])
+    assert wild[:-1] == adv and wild[-1] == [0.0] * len(s[0])

@@ -1,0 +1,155 @@
+"""Built datasets on disk: one directory of HF `datasets` tables + `manifest.json` (issue 4 item 1).
+
+Layout of a built dataset directory:
+
+    <dir>/manifest.json          Manifest: schema version, sources, answers_atomic, counts, eval subsample
+    <dir>/<table>/               `Dataset.save_to_disk` of each table, with FEATURES[table]
+    <dir>/stats.json, stats.md   the report's statistics table (written by stats.py)
+
+Nothing half-written (STYLE.md 10): everything is written into a sibling temp directory that is
+renamed over the target only when complete; a crash leaves the previous version (or nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, load_from_disk
+
+from data_pipeline.schema import FEATURES, RECORD_TYPES, SCHEMA_VERSION, Manifest, Record, RecordError
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+
+
+def atomic_dir(target: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Run `fill(tmp_dir)` then rename tmp_dir onto `target` (replacing an older version)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        fill(tmp)
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _table_dataset(table: str, records: Iterable[Record]) -> Dataset:
+    cls = RECORD_TYPES[table]
+    rows = []
+    for r in records:
+        if not isinstance(r, cls):
+            raise TypeError(f"table {table}: got {type(r).__name__}, want {cls.__name__}")
+        rows.append(r.to_dict())
+    if not rows:
+        return Dataset.from_dict({k: [] for k in FEATURES[table]}, features=FEATURES[table])
+    return Dataset.from_list(rows, features=FEATURES[table])
+
+
+def write_dataset(
+    target: str | Path,
+    tables: dict[str, list[Any]],
+    manifest: Manifest,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write `tables` (name -> records) + manifest (+ extra text files) atomically to `target`."""
+    unknown = sorted(set(tables) - set(RECORD_TYPES))
+    if unknown:
+        raise ValueError(f"write_dataset {target}: unknown table(s) {unknown}")
+    manifest.counts = {name: len(rows) for name, rows in tables.items()}
+    manifest.schema_version = SCHEMA_VERSION
+
+    def fill(tmp: Path) -> None:
+        for name, rows in tables.items():
+            ds = _table_dataset(name, rows)
+            # num_shards=1: an empty table saved with 0 shards cannot be loaded back (datasets 5.2)
+            ds.save_to_disk(str(tmp / name), num_shards=1 if len(ds) == 0 else None)
+        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
+        for rel, text in (extra_files or {}).items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+
+    out = atomic_dir(target, fill)
+    log.info("wrote dataset %s: %s", out, manifest.counts)
+    return out
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    path = Path(root) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no manifest (not a built dataset directory)")
+    m = Manifest.from_dict(json.loads(path.read_text()), where=str(path))
+    if m.schema_version != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema_version {m.schema_version}, this code reads {SCHEMA_VERSION}")
+    return m
+
+
+def read_table(root: str | Path, table: str) -> list[Any]:
+    """Read one stored table back as records (strictly validated, each error names table and row)."""
+    read_manifest(root)
+    path = Path(root) / table
+    if not path.exists():
+        return []
+    ds = load_from_disk(str(path))
+    cls = RECORD_TYPES[table]
+    id_field = next(iter(FEATURES[table]))
+    return [cls.from_dict(row, where=f"{path}[{i}] ({row.get(id_field)})") for i, row in enumerate(ds)]
+
+
+class BuiltDataset:
+    """All tables of a built dataset directory, indexed the way the rollout and reward code read them."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.manifest = read_manifest(self.root)
+        self.tables: dict[str, list[Any]] = {t: read_table(self.root, t) for t in RECORD_TYPES}
+        self._chunks = {(c.sequence_id, c.index): c for c in self.tables["chunks"]}
+        self._probes: dict[tuple[str, int], list[Any]] = {}
+        for p in self.tables["probes"]:
+            self._probes.setdefault((p.sequence_id, p.chunk_index), []).append(p)
+        self._questions: dict[tuple[str, int], list[Any]] = {}
+        for q in self.tables["orm_questions"]:
+            self._questions.setdefault((q.sequence_id, q.window_index), []).append(q)
+
+    @property
+    def windows(self) -> list[Any]:
+        return self.tables["windows"]
+
+    def chunks_of(self, window: Any) -> list[Any]:
+        return [self._chunks[(window.sequence_id, i)] for i in window.chunk_indices]
+
+    def probes_of(self, window: Any) -> list[Any]:
+        """PRM probes and traps of the window's chunks, in chunk order."""
+        return [p for i in window.chunk_indices for p in self._probes.get((window.sequence_id, i), [])]
+
+    def questions_of(self, window: Any) -> list[Any]:
+        """ORM questions asked after the window."""
+        return list(self._questions.get((window.sequence_id, window.index), []))

@@ -1,0 +1,366 @@
+"""Synthetic long-interaction streams with gold annotations known by construction (issue 4 item 7).
+
+The CPU demo trains a tiny writer on this data, so it needs no annotator LLM: every chunk is one
+short session (a few short turns, < 60 words) in which one person states atomic facts about
+themselves ("My dog Rex ..." -> fact "Alice's dog is named Rex", probe "What is the name of Alice's
+dog?" reference "Rex"), sometimes updates an earlier fact (old state replaced by the new one:
+Transition probe; the new Fact `supersedes` the old) and sometimes makes small talk about something
+transient (a Should-not-store trap, reference "no such record"). ORM questions combine facts of
+different chunks; each gold fact carries its source chunk and its atomic answer span. All answers
+are single spans, so built datasets declare `answers_atomic=True` (the reward's exact-match scorer
+may be used on them).
+
+Deterministic: the same (seed, config) always gives byte-identical records.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from dataclasses import dataclass, field
+
+from data_pipeline.chunking import ChunkingConfig, build_windows, chunk_sequence
+from data_pipeline.schema import (
+    NO_SUCH_RECORD,
+    Chunk,
+    EvalItem,
+    Fact,
+    GoldFact,
+    OrmQuestion,
+    Probe,
+    ProbeKind,
+    Sequence,
+    Session,
+    Turn,
+    Window,
+    fact_id,
+    probe_id,
+    question_id,
+)
+
+PEOPLE = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Gus", "Hana", "Ivan", "Julia", "Kofi", "Lena"]
+FRIENDS = ["Sam", "Robin", "Alex", "Jo"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One attribute of a person: how it is said, stored, asked and (maybe) updated."""
+
+    name: str
+    kind: ProbeKind  # probe kind when the value is first stated
+    values: tuple[str, ...]
+    say: str  # turn text stating the value ({v})
+    fact: str  # atomic fact ({p} person, {v} value)
+    ask: str  # probe question ({p})
+    noun: str  # what a wrong answer would name, for the rubric
+    update_say: str = ""  # turn text replacing the value; "" = never updated
+    update_fact: str = ""  # fact text of the update
+
+
+SLOTS = (
+    Slot("dog", ProbeKind.PLAIN_RECALL, ("Rex", "Biscuit", "Luna", "Pepper", "Milo"),
+         "My dog {v} chewed my shoes again.", "{p}'s dog is named {v}",
+         "What is the name of {p}'s dog?", "dog name"),
+    Slot("city", ProbeKind.PLAIN_RECALL, ("Lisbon", "Oslo", "Denver", "Kyoto", "Porto", "Quito"),
+         "I live in {v}, near the river.", "{p} lives in {v}",
+         "Which city does {p} live in?", "city",
+         "Big news: I just moved to {v}!", "{p} moved to {v} and lives there now"),
+    Slot("job", ProbeKind.SPECIFICITY, ("nurse", "baker", "pilot", "architect", "plumber", "chemist"),
+         "I work as a {v} these days.", "{p} works as a {v}",
+         "What is {p}'s job?", "job",
+         "I quit my old job, now I work as a {v}.", "{p} changed jobs and now works as a {v}"),
+    Slot("sister", ProbeKind.MINOR_DIMENSION, ("Mia", "Zoe", "Ines", "Tara", "Noor"),
+         "My sister {v} says hi, by the way.", "{p}'s sister is named {v}",
+         "What is the name of {p}'s sister?", "sister's name"),
+    Slot("car", ProbeKind.SPECIFICITY, ("red", "green", "silver", "yellow", "blue"),
+         "I finally bought a {v} car.", "{p} owns a {v} car",
+         "What color is {p}'s car?", "color",
+         "I had my car repainted {v}.", "{p}'s car is now {v}"),
+    Slot("allergy", ProbeKind.SEMANTIC_PRECISION, ("peanuts", "shellfish", "pollen", "penicillin", "cats"),
+         "Careful, I am allergic to {v}.", "{p} is allergic to {v}",
+         "What is {p} allergic to?", "allergen"),
+    Slot("sport", ProbeKind.PLAIN_RECALL, ("tennis", "rugby", "chess", "volleyball", "squash"),
+         "I play {v} every Sunday.", "{p} plays {v} every Sunday",
+         "Which sport does {p} play every Sunday?", "sport",
+         "I stopped my old sport, I play {v} on Sundays now.", "{p} now plays {v} every Sunday"),
+    Slot("month", ProbeKind.PLAIN_RECALL, ("March", "July", "October", "January", "May"),
+         "My birthday is in {v}.", "{p}'s birthday is in {v}",
+         "In which month is {p}'s birthday?", "month"),
+    Slot("instrument", ProbeKind.MINOR_DIMENSION, ("cello", "banjo", "flute", "trumpet", "harp"),
+         "I am learning the {v} at night.", "{p} is learning the {v}",
+         "Which instrument is {p} learning?", "instrument"),
+)  # fmt: skip
+
+# transient small talk: worth no memory; the trap asks for a lasting preference the bank must not invent
+CHITCHAT = (
+    ("I'm eating {v} right now, so good.", ("a bagel", "some grapes", "a donut", "popcorn"),
+     "What is {p}'s favorite snack?"),
+    ("Ugh, it is {v} outside today.", ("raining", "so windy", "foggy", "freezing"),
+     "What weather does {p} prefer?"),
+    ("I'm watching {v} on TV, lol.", ("a cooking show", "a quiz show", "old cartoons", "the news"),
+     "What is {p}'s favorite TV show?"),
+)  # fmt: skip
+GREETINGS = ("Hey {p}, how was your week?", "Hi {p}! What's new?", "Good to see you, {p}.", "Morning {p}!")
+REPLIES = ("Nice!", "Oh wow.", "Ha, good to know.", "Cool, tell me more.", "Got it.")
+
+
+@dataclass
+class SyntheticConfig:
+    num_sequences: int = 4  # sequences (one person each) to generate
+    num_chunks_per_sequence: int = 10  # chunks (= sessions) per sequence
+    num_chunks_per_window: int = 5  # chunks per RL window (at most 5)
+    num_orm_questions_per_window: int = 2  # cross-chunk questions per window (when enough facts exist)
+    update_prob: float = 0.3  # chance a chunk (from the 3rd on) updates an earlier fact (Transition)
+    chitchat_prob: float = 0.5  # chance a chunk holds transient small talk (Should-not-store trap)
+    second_fact_prob: float = 0.3  # chance a chunk states a second new fact
+    seed: int = 0  # generator seed; same seed + config -> identical data
+    start_date: str = "2023-01-02"  # date of the first session (ISO)
+
+
+@dataclass
+class SyntheticData:
+    sequences: list[Sequence] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    facts: list[Fact] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
+    orm_questions: list[OrmQuestion] = field(default_factory=list)
+    eval_items: list[EvalItem] = field(default_factory=list)
+
+    def tables(self) -> dict[str, list]:
+        return {
+            "sequences": self.sequences,
+            "chunks": self.chunks,
+            "windows": self.windows,
+            "facts": self.facts,
+            "probes": self.probes,
+            "orm_questions": self.orm_questions,
+            "eval_items": self.eval_items,
+        }
+
+
+@dataclass
+class _Stated:
+    fact: Fact
+    slot: Slot
+    value: str
+    current: bool = True
+
+
+def _rubric_exact(noun: str, value: str) -> str:
+    return (
+        f"Full credit (1) only if the answer gives the {noun} '{value}'. "
+        f"0 if it gives another {noun}, hedges between several, or says nothing is recorded."
+    )
+
+
+def _rubric_transition(noun: str, new: str, old: str) -> str:
+    return (
+        f"The {noun} changed from '{old}' to '{new}'. Full credit only if the answer gives the current "
+        f"{noun} '{new}' (mentioning that it used to be '{old}' is fine). 0 if it gives only '{old}'."
+    )
+
+
+def _rubric_trap(p: str) -> str:
+    return (
+        f"{p} never stated such a lasting preference; only passing small talk exists. Full credit only "
+        "if the answer says there is no such record; 0 if it names anything."
+    )
+
+
+def generate_sequence(cfg: SyntheticConfig, n: int) -> SyntheticData:
+    rng = random.Random(f"hymem-synth:{cfg.seed}:{n}")
+    person = PEOPLE[n % len(PEOPLE)] + ("" if n < len(PEOPLE) else f" {n // len(PEOPLE)}")
+    friend = FRIENDS[n % len(FRIENDS)]
+    seq_id = f"synth/{cfg.seed}/{n:04d}"
+    start = dt.date.fromisoformat(cfg.start_date)
+    out = SyntheticData()
+    stated: dict[str, _Stated] = {}  # slot name -> current statement
+    history: list[_Stated] = []  # every statement, in order (old values kept for Transition ORM)
+    free_slots = list(SLOTS)
+    rng.shuffle(free_slots)
+    sessions: list[Session] = []
+    per_chunk: list[dict] = []  # what chunk t introduced: facts, probes (built after chunking)
+
+    for t in range(cfg.num_chunks_per_sequence):
+        date = (start + dt.timedelta(days=7 * t)).isoformat()
+        turns: list[Turn] = []
+        probes: list[tuple[ProbeKind, str, str, str, bool, list[str]]] = []
+        facts: list[Fact] = []
+
+        def say(speaker: str, text: str, _t: int = t, _turns: list[Turn] = turns) -> str:
+            tid = f"D{_t + 1}:{len(_turns) + 1}"
+            _turns.append(Turn(turn_id=tid, speaker=speaker, text=text))
+            return tid
+
+        def new_fact(
+            text: str, tid: str, supersedes: str = "", _t: int = t, _facts: list[Fact] = facts
+        ) -> Fact:
+            f = Fact(fact_id(seq_id, _t, len(_facts)), seq_id, _t, text, [tid], supersedes)
+            _facts.append(f)
+            return f
+
+        say(friend, rng.choice(GREETINGS).format(p=person))
+        updatable = [s for s in stated.values() if s.slot.update_say and s.current]
+        do_update = t >= 2 and updatable and rng.random() < cfg.update_prob
+        num_new = 1 + (rng.random() < cfg.second_fact_prob)
+        if do_update:
+            old = rng.choice(sorted(updatable, key=lambda s: s.slot.name))
+            used = {h.value for h in history if h.slot.name == old.slot.name}
+            # a value used before would make "what was it before it became X?" ambiguous
+            fresh = [v for v in old.slot.values if v not in used]
+            value = rng.choice(fresh or [v for v in old.slot.values if v != old.value])
+            tid = say(person, old.slot.update_say.format(v=value))
+            f = new_fact(old.slot.update_fact.format(p=person, v=value), tid, supersedes=old.fact.fact_id)
+            old.current = False
+            st = _Stated(f, old.slot, value)
+            stated[old.slot.name] = st
+            history.append(st)
+            rubric = _rubric_transition(old.slot.noun, value, old.value)
+            probes.append(
+                (ProbeKind.TRANSITION, old.slot.ask.format(p=person), value, rubric, False, [f.fact_id])
+            )
+            num_new -= 1
+        for _ in range(num_new):
+            if not free_slots:
+                break
+            slot = free_slots.pop()
+            value = rng.choice(slot.values)
+            tid = say(person, slot.say.format(v=value))
+            f = new_fact(slot.fact.format(p=person, v=value), tid)
+            st = _Stated(f, slot, value)
+            stated[slot.name] = st
+            history.append(st)
+            q = slot.ask.format(p=person)
+            probes.append((slot.kind, q, value, _rubric_exact(slot.noun, value), False, [f.fact_id]))
+        if rng.random() < cfg.chitchat_prob:
+            line, values, trap_q = rng.choice(CHITCHAT)
+            say(person, line.format(v=rng.choice(values)))
+            q = trap_q.format(p=person)
+            probes.append((ProbeKind.SHOULD_NOT_STORE, q, NO_SUCH_RECORD, _rubric_trap(person), True, []))
+        say(friend, rng.choice(REPLIES))
+        sessions.append(Session(session_id=f"session_{t + 1}", date=date, turns=turns))
+        per_chunk.append({"facts": facts, "probes": probes})
+
+    seq = Sequence(seq_id, "synthetic", sessions, speakers=[person, friend])
+    out.sequences.append(seq)
+    out.chunks = chunk_sequence(
+        seq, ChunkingConfig(mode="session", num_chunks_per_window=cfg.num_chunks_per_window)
+    )
+    out.windows = build_windows(out.chunks, cfg.num_chunks_per_window)
+    for t, pc in enumerate(per_chunk):
+        out.facts += pc["facts"]
+        for k, (kind, q, ref, rubric, trap, fids) in enumerate(pc["probes"]):
+            out.probes.append(Probe(probe_id(seq_id, t, k), seq_id, t, kind, q, ref, rubric, trap, fids))
+
+    out.orm_questions = _orm_questions(cfg, rng, seq_id, person, out.windows, history)
+    out.eval_items = _eval_items(seq, person, stated, out.probes)
+    return out
+
+
+def _orm_questions(
+    cfg: SyntheticConfig,
+    rng: random.Random,
+    seq_id: str,
+    person: str,
+    windows: list[Window],
+    history: list[_Stated],
+) -> list[OrmQuestion]:
+    out = []
+    for w in windows:
+        last = w.chunk_indices[-1]
+        in_window = [s for s in history if s.fact.chunk_index in w.chunk_indices]
+        seen = [s for s in history if s.fact.chunk_index <= last]
+        # value of each slot at the end of this window (a later update must not leak backwards)
+        current_at_end: dict[str, _Stated] = {}
+        for s in seen:
+            current_at_end[s.slot.name] = s
+        candidates: list[tuple[str, str, list[_Stated], str]] = []
+        for s in in_window:
+            if s.fact.supersedes:  # Transition: ask for the value before the update (needs both facts)
+                old = next(h for h in history if h.fact.fact_id == s.fact.supersedes)
+                q = f"What was {person}'s {s.slot.noun} before it became {s.value}?"
+                rubric = (
+                    f"Full credit only for '{old.value}' (the {s.slot.noun} before it became '{s.value}'). "
+                    f"0 for '{s.value}' alone."
+                )
+                candidates.append((q, old.value, [old, s], rubric))
+            elif current_at_end.get(s.slot.name) is s:
+                others = [
+                    o
+                    for o in current_at_end.values()
+                    if o.fact.chunk_index != s.fact.chunk_index and o.slot.name != s.slot.name
+                ]
+                if others:
+                    o = rng.choice(sorted(others, key=lambda x: x.fact.fact_id))
+                    first, second = sorted([s, o], key=lambda x: x.fact.chunk_index)
+                    q = (
+                        f"{first.slot.ask.format(p=person).rstrip('?')}, and "
+                        f"{second.slot.ask.format(p=person)[0].lower()}{second.slot.ask.format(p=person)[1:]}"
+                    )
+                    ans = f"{first.value}; {second.value}"
+                    rubric = (
+                        f"Two facts are asked: {first.slot.noun} '{first.value}' and {second.slot.noun} "
+                        f"'{second.value}'. Credit each fact recovered separately."
+                    )
+                    candidates.append((q, ans, [first, second], rubric))
+        rng.shuffle(candidates)
+        for k, (q, ans, gold, rubric) in enumerate(candidates[: cfg.num_orm_questions_per_window]):
+            out.append(
+                OrmQuestion(
+                    question_id=question_id(seq_id, w.index, k),
+                    sequence_id=seq_id,
+                    window_index=w.index,
+                    question=q,
+                    answer=ans,
+                    evidence_chunks=sorted({g.fact.chunk_index for g in gold}),
+                    gold_facts=[
+                        GoldFact(g.fact.text, g.fact.chunk_index, g.fact.fact_id, g.value) for g in gold
+                    ],
+                    rubric=rubric,
+                )
+            )
+    return out
+
+
+def _eval_items(
+    seq: Sequence, person: str, stated: dict[str, _Stated], probes: list[Probe]
+) -> list[EvalItem]:
+    """End-of-stream QA (the demo's evaluation): final value of every slot, plus the traps."""
+    items = []
+    for s in sorted(stated.values(), key=lambda x: x.fact.fact_id):
+        items.append(
+            EvalItem(
+                item_id=f"{seq.sequence_id}/q{len(items):03d}",
+                benchmark="synthetic",
+                sequence_id=seq.sequence_id,
+                question=s.slot.ask.format(p=person),
+                answer=s.value,
+                category="transition" if s.fact.supersedes else s.slot.kind.value,
+                evidence_turn_ids=list(s.fact.turn_ids),
+                evidence_chunks=[s.fact.chunk_index],
+            )
+        )
+    for q in sorted({p.question for p in probes if p.is_trap}):
+        items.append(
+            EvalItem(
+                item_id=f"{seq.sequence_id}/q{len(items):03d}",
+                benchmark="synthetic",
+                sequence_id=seq.sequence_id,
+                question=q,
+                answer=NO_SUCH_RECORD,
+                category=ProbeKind.SHOULD_NOT_STORE.value,
+                evidence_turn_ids=[],
+                is_trap=True,
+            )
+        )
+    return items
+
+
+def generate(cfg: SyntheticConfig) -> SyntheticData:
+    out = SyntheticData()
+    for n in range(cfg.num_sequences):
+        one = generate_sequence(cfg, n)
+        for name, rows in one.tables().items():
+            out.tables()[name].extend(rows)
+    return out

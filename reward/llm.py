@@ -1,0 +1,153 @@
+"""Bounded-retry, strictly parsed chat calls to a frozen model behind an OpenAI-compatible endpoint.
+
+The reader and the judge are frozen models (vLLM on GPU, the HF engine on CPU); both are reached
+through `ChatClient`. A call that times out, fails at the transport / server, or returns a reply its
+parser rejects is retried `num_retries` times; if it still fails it comes back as a `Fault`, which
+the reward code excludes from every denominator and counts (silent failure 7): a judge outage must
+never read as a 0 for the policy. Only a misconfigured endpoint (401 / 403 / 404: wrong key, URL
+or model) raises, because it would otherwise exclude every item of every group quietly.
+
+"Batched" means many requests in flight at once (`max_concurrency`): vLLM and the HF engine batch
+concurrent requests into one forward; chat completions have no multi-prompt request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import openai
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Message = dict[str, Any]
+
+
+class EndpointError(RuntimeError):
+    """The endpoint refuses us as configured (bad key, URL or model name): fail loudly, do not exclude."""
+
+
+class ParseError(ValueError):
+    """A reply that does not follow the output contract (retried, then a Fault)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An item that could not be scored after bounded retries: excluded and counted, never scored."""
+
+    kind: str  # "timeout" | "connection" | "http_<status>" | "parse"
+    detail: str  # last error message, with the item id
+    num_attempts: int  # calls made for this item
+
+
+@dataclass
+class LlmClientConfig:
+    """One OpenAI-compatible endpoint serving a frozen model (reader or judge)."""
+
+    base_url: str  # e.g. http://127.0.0.1:8001/v1 (vLLM or the HF engine's server)
+    model: str  # model name sent with every request
+    api_key: str = "EMPTY"  # vLLM and the HF engine accept any key unless started with one
+    timeout_s: float = 60.0  # per request; a timeout is a platform fault (retried)
+    num_retries: int = 2  # extra attempts after the first, per item
+    retry_backoff_s: float = 0.5  # sleep before retry k is retry_backoff_s * 2**k
+    max_concurrency: int = 32  # requests in flight at once; 1 = one at a time
+    max_tokens: int = 256  # response budget per call
+    temperature: float = 0.0  # frozen scorer: greedy, so a rescoring gives the same verdict
+    json_mode: bool = False  # send response_format={"type":"json_object"} (vLLM guided decoding)
+
+    def validate(self) -> None:
+        if self.num_retries < 0 or self.max_concurrency < 1 or self.timeout_s <= 0:
+            raise ValueError(
+                f"llm client {self.model}: need num_retries >= 0, max_concurrency >= 1, timeout_s > 0"
+            )
+
+
+@dataclass(frozen=True)
+class ChatRequest(Generic[T]):
+    messages: list[Message]  # the full prompt
+    parse: Callable[[str], T]  # strict parser of the reply text; raises ParseError
+    where: str  # item id for error messages ("probe seq/c0001/p000, rollout 3")
+    json_reply: bool = False  # this request's contract is a JSON object (json_mode applies)
+
+
+_RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx
+_FATAL_STATUS = {401, 403, 404}
+
+
+class ChatClient:
+    """Runs a batch of chat requests with bounded concurrency and bounded retries."""
+
+    def __init__(self, cfg: LlmClientConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.stats: Counter[str] = Counter()  # calls, retries, faults, faults/<kind>
+
+    def run_batch(self, requests: Sequence[ChatRequest[T]]) -> list[T | Fault]:
+        """Results in request order; a Fault where an item failed after its retries."""
+        if not requests:
+            return []
+        return asyncio.run(self._run_batch(list(requests)))
+
+    async def _run_batch(self, requests: list[ChatRequest[T]]) -> list[T | Fault]:
+        client = openai.AsyncOpenAI(
+            base_url=self.cfg.base_url, api_key=self.cfg.api_key, timeout=self.cfg.timeout_s, max_retries=0
+        )
+        sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        try:
+
+            async def one(req: ChatRequest[T]) -> T | Fault:
+                async with sem:
+                    return await self._call(client, req)
+
+            return list(await asyncio.gather(*(one(r) for r in requests)))
+        finally:
+            await client.close()
+
+    async def _call(self, client: openai.AsyncOpenAI, req: ChatRequest[T]) -> T | Fault:
+        kind, detail = "parse", ""
+        attempts = 0
+        for attempt in range(self.cfg.num_retries + 1):
+            if attempt:
+                self.stats["retries"] += 1
+                await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
+            attempts += 1
+            self.stats["calls"] += 1
+            try:
+                kwargs: dict[str, Any] = {}
+                if self.cfg.json_mode and req.json_reply:
+                    kwargs["response_format"] = {"type": "json_object"}
+                resp = await client.chat.completions.create(
+                    model=self.cfg.model,
+                    messages=req.messages,  # type: ignore[arg-type]
+                    max_tokens=self.cfg.max_tokens,
+                    temperature=self.cfg.temperature,
+                    **kwargs,
+                )
+                text = resp.choices[0].message.content if resp.choices else None
+                if text is None:
+                    raise ParseError("reply has no message content")
+                return req.parse(text)
+            except ParseError as e:
+                kind, detail = "parse", str(e)
+            except openai.APITimeoutError as e:
+                kind, detail = "timeout", str(e)
+            except openai.APIConnectionError as e:
+                kind, detail = "connection", str(e)
+            except openai.APIStatusError as e:
+                if e.status_code in _FATAL_STATUS:
+                    raise EndpointError(
+                        f"{self.cfg.base_url} model {self.cfg.model!r}: HTTP {e.status_code} for {req.where} "
+                        f"({e.message}); check base_url / api_key / model"
+                    ) from None
+                kind, detail = f"http_{e.status_code}", e.message
+                if not (e.status_code >= 500 or e.status_code in _RETRYABLE_STATUS):
+                    break  # e.g. 400 prompt too long: the same request will fail the same way
+            log.debug("%s: attempt %d failed (%s): %.200s", req.where, attempt + 1, kind, detail)
+        self.stats["faults"] += 1
+        self.stats[f"faults/{kind}"] += 1
+        log.warning("%s: excluded after %d attempt(s): %s: %.200s", req.where, attempts, kind, detail)
+        return Fault(kind=kind, detail=f"{req.where}: {detail}", num_attempts=attempts)

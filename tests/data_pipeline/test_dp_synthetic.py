@@ -1,0 +1,75 @@
+"""Synthetic generator: deterministic, short chunks, atomic facts, updates, traps, attributed gold facts."""
+
+from __future__ import annotations
+
+from data_pipeline.chunking import render_chunk
+from data_pipeline.schema import MAX_WINDOW_CHUNKS, NO_SUCH_RECORD, ProbeKind
+from data_pipeline.synthetic import SyntheticConfig, generate
+
+
+def _data(**kw):
+    return generate(SyntheticConfig(num_sequences=6, num_chunks_per_sequence=12, **kw))
+
+
+def test_deterministic_and_seeded():
+    a, b = _data(seed=3), _data(seed=3)
+    assert a.tables() == b.tables()
+    assert _data(seed=4).probes != a.probes
+
+
+def test_chunks_short_and_windows_bounded():
+    d = _data()
+    assert len(d.chunks) == 6 * 12
+    assert max(len(render_chunk(c).split()) for c in d.chunks) < 60
+    assert all(1 <= len(w.chunk_indices) <= MAX_WINDOW_CHUNKS for w in d.windows)
+
+
+def test_probes_grounded_in_their_chunk():
+    d = _data()
+    chunks = {(c.sequence_id, c.index): c for c in d.chunks}
+    facts = {f.fact_id: f for f in d.facts}
+    kinds = {p.kind for p in d.probes}
+    assert kinds == set(ProbeKind)  # all six kinds occur
+    for p in d.probes:
+        text = render_chunk(chunks[(p.sequence_id, p.chunk_index)])
+        if p.is_trap:
+            assert p.kind is ProbeKind.SHOULD_NOT_STORE and p.reference == NO_SUCH_RECORD and not p.fact_ids
+            continue
+        # atomic: a single short span, stated verbatim in the probe's own chunk, by the fact it tests
+        assert len(p.reference.split()) <= 2 and p.reference in text
+        (fid,) = p.fact_ids
+        assert facts[fid].chunk_index == p.chunk_index and p.reference in facts[fid].text
+        if p.kind is ProbeKind.TRANSITION:
+            old = facts[facts[fid].supersedes]
+            assert old.chunk_index < p.chunk_index and old.sequence_id == p.sequence_id
+
+
+def test_updates_replace_old_state():
+    d = _data(update_prob=0.9)
+    updates = [f for f in d.facts if f.supersedes]
+    assert updates
+    by_id = {f.fact_id: f for f in d.facts}
+    for f in updates:
+        assert by_id[f.supersedes].text != f.text
+    # the end-of-stream evaluation asks for the new value, never the superseded one
+    for item in d.eval_items:
+        if item.category == "transition":
+            (c,) = item.evidence_chunks
+            assert any(f.supersedes and f.chunk_index == c and item.answer in f.text for f in d.facts)
+
+
+def test_orm_gold_facts_attributed_to_source_chunk():
+    d = _data()
+    assert d.orm_questions
+    facts = {f.fact_id: f for f in d.facts}
+    windows = {(w.sequence_id, w.index): w for w in d.windows}
+    for q in d.orm_questions:
+        w = windows[(q.sequence_id, q.window_index)]
+        assert len(q.gold_facts) >= 2 and len({g.source_chunk for g in q.gold_facts}) >= 2  # cross-chunk
+        assert any(g.source_chunk in w.chunk_indices for g in q.gold_facts)
+        assert all(g.source_chunk <= w.chunk_indices[-1] for g in q.gold_facts)  # no future facts
+        for g in q.gold_facts:
+            f = facts[g.fact_id]
+            assert (f.chunk_index, f.text) == (g.source_chunk, g.fact) and g.answer in g.fact
+        assert q.evidence_chunks == sorted({g.source_chunk for g in q.gold_facts})
+        assert all(g.answer in q.answer for g in q.gold_facts) or "before it became" in q.question

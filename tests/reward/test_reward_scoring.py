@@ -1,0 +1,144 @@
+"""score_group golden values: the report recipe and each ablation switch on one hand-worked group.
+
+Group: 2 chunks, 3 rollouts, bounds l=1, u=2, floor 2048 tokens, one ORM question whose gold facts
+come from chunk 0 and chunk 1.
+  r0: recall z [[1.0], [0.5]], trap z [[0.0], []], recovered [T, T], sizes 0 -> 1024 -> 3072
+  r1: recall z [[0.0], [0.5, FAULT]], trap z [[1.0], []], recovered [F, T], sizes 0 -> 1024 -> 1024
+  r2: platform_error (excluded whole)
+By hand: prm r0 = [(1+0)/2, 0.5] = [0.5, 0.5]; r1 = [(0+1)/2, 0.5 (fault left out)] = [0.5, 0.5]
+  orm (attributed) r0 = [1, 1]; r1 = [0, 1]
+  g r0 = [1024/2048, 3072/2048] = [0.5, 1.5] -> pen [0, P] with P = (e^1.5-1)/(e^3-1); r1 g = [0.5, 0.5] -> [0, 0]
+  s r0 = [0.5 + 2, 0.5 + 2 - 0.3 P]; r1 = [0.5, 2.5]
+"""
+
+import math
+
+import pytest
+
+from reward.scoring import (
+    M_EXCL_CELLS,
+    M_EXCL_PROBES,
+    M_EXCL_QUESTIONS,
+    M_EXCL_ROLLOUTS,
+    M_TRAP_PASS,
+    GrowthBounds,
+    JudgedRollout,
+    ScoringConfig,
+    score_group,
+)
+from reward.terms import FAULT
+
+P = (math.exp(1.5) - 1) / (math.exp(3) - 1)
+R = 1 / math.sqrt(2)  # two valid votes a != b always normalise to -+1/sqrt(2) (unbiased std)
+SRC = [[0, 1]]
+
+
+def group():
+    return [
+        JudgedRollout("ok", [[1.0], [0.5]], [[0.0], []], [[True, True]], 0, [1024, 3072]),
+        JudgedRollout("ok", [[0.0], [0.5, FAULT]], [[1.0], []], [[False, True]], 0, [1024, 1024]),
+        JudgedRollout("platform_error", [[], []], [[], []], [None], None, [None, None]),
+    ]
+
+
+def cfg(**kw):
+    return ScoringConfig(growth_bounds={"native": GrowthBounds(1.0, 2.0, 2048)}, **kw)
+
+
+def col(t2d, t):
+    return [row[t] for row in t2d]
+
+
+def test_report_recipe():
+    g = score_group(group(), SRC, cfg(), "native")
+    assert g.prm_GC[:2] == [[0.5, 0.5], [0.5, 0.5]]
+    assert g.orm_GC[:2] == [[1.0, 1.0], [0.0, 1.0]]
+    assert g.pen_GC[0] == pytest.approx([0.0, P]) and g.pen_GC[1] == [0.0, 0.0]
+    assert g.s_GC[0] == pytest.approx([2.5, 2.5 - 0.3 * P]) and g.s_GC[1] == pytest.approx([0.5, 2.5])
+    assert g.valid_GC == [[True, True], [True, True], [False, False]]
+    # column 0: r0 2.5 > r1 0.5 ; column 1: r0 2.5-0.3P < r1 2.5 ; r2 excluded -> 0
+    assert col(g.adv_GC, 0) == pytest.approx([R, -R, 0.0], abs=1e-5)
+    # the gap is only 0.3P here, so eps shows: A = (d/2) / (d/sqrt(2) + eps), d = 0.3P
+    d = 0.3 * P
+    a1 = (d / 2) / (d / math.sqrt(2) + 1e-6)
+    assert col(g.adv_GC, 1) == pytest.approx([-a1, a1, 0.0], rel=1e-9)
+    m = g.metrics
+    assert m[M_TRAP_PASS] == 0.5
+    assert m[M_EXCL_PROBES] == pytest.approx(1 / 7)  # r0: 3 probes, r1: 4 probes, 1 fault
+    assert m[M_EXCL_QUESTIONS] == 0.0
+    assert m[M_EXCL_ROLLOUTS] == pytest.approx(1 / 3)
+    assert m[M_EXCL_CELLS] == pytest.approx(2 / 6)
+    assert m["reward/prm"] == 0.5 and m["reward/orm"] == 0.75
+    assert m["reward/pen"] == pytest.approx(P / 4)
+
+
+def test_probes_without_traps():
+    # prm[0]: r0 = 1 (recall only), r1 = 0 -> s0 = [3, 0]
+    g = score_group(group(), SRC, cfg(use_traps=False), "native")
+    assert col(g.prm_GC, 0)[:2] == [1.0, 0.0]
+    assert col(g.s_GC, 0)[:2] == pytest.approx([3.0, 0.0])
+    assert math.isnan(g.metrics[M_TRAP_PASS])
+    assert g.metrics[M_EXCL_PROBES] == pytest.approx(1 / 5)  # traps not counted: 2 + 3 probes
+
+
+def test_no_growth_penalty():
+    # s1 = [2.5, 2.5]: equal votes -> advantage 0
+    g = score_group(group(), SRC, cfg(use_growth_penalty=False), "unknown-harness-needs-no-bounds")
+    assert g.pen_GC == [[0.0, 0.0]] * 3
+    assert col(g.s_GC, 1)[:2] == [2.5, 2.5]
+    assert col(g.adv_GC, 1) == [0.0, 0.0, 0.0]
+
+
+def test_binary_scores():
+    # recall 0.5 -> 1: prm r0 = [0.5, 1], r1 = [0.5, 1]; s1 r0 = 1 + 2 - 0.3P, r1 = 3
+    g = score_group(group(), SRC, cfg(score_mode="binary"), "native")
+    assert g.prm_GC[:2] == [[0.5, 1.0], [0.5, 1.0]]
+    assert col(g.s_GC, 1)[:2] == pytest.approx([3 - 0.3 * P, 3.0])
+
+
+def test_broadcast_orm():
+    # r1 recovered 1 of 2 facts: 0.5 on both chunks; s r1 = [0.5 + 1, 0.5 + 1]
+    g = score_group(group(), SRC, cfg(orm_mode="broadcast"), "native")
+    assert g.orm_GC[:2] == [[1.0, 1.0], [0.5, 0.5]]
+    assert g.s_GC[1] == pytest.approx([1.5, 1.5])
+
+
+def test_window_level_advantage():
+    # sums r0 = 5 - 0.3P, r1 = 3: two votes -> +-1/sqrt(2) on every chunk
+    g = score_group(group(), SRC, cfg(advantage_level="window"), "native")
+    assert g.adv_GC[0] == pytest.approx([R, R], abs=1e-5)
+    assert g.adv_GC[1] == pytest.approx([-R, -R], abs=1e-5)
+    assert g.adv_GC[2] == [0.0, 0.0]
+
+
+def test_gamma_discounts_future_prm():
+    g = score_group(group(), SRC, cfg(gamma=0.5), "native")
+    assert g.s_GC[0][0] == pytest.approx(0.5 + 0.5 * 0.5 + 2.0)
+
+
+def test_group_with_one_valid_rollout_gets_zero_advantage():
+    rs = group()
+    rs[1] = JudgedRollout("platform_error", [[], []], [[], []], [None], None, [None, None])
+    g = score_group(rs, SRC, cfg(), "native")
+    assert g.adv_GC == [[0.0, 0.0]] * 3
+
+
+def test_unmeasured_bank_size_is_excluded_not_zero_penalty():
+    rs = group()
+    rs[0].size_tokens_C = [1024, None]
+    g = score_group(rs, SRC, cfg(), "native")
+    assert g.valid_GC[0] == [True, False]
+    assert col(g.adv_GC, 1) == [0.0, 0.0, 0.0]  # one valid vote left in column 1
+
+
+def test_missing_growth_bounds_and_bad_inputs_raise():
+    with pytest.raises(KeyError, match="no growth_bounds for harness 'mem0'"):
+        score_group(group(), SRC, cfg(), "mem0")
+    with pytest.raises(ValueError, match="status 'done'"):
+        rs = group()
+        rs[0].status = "done"
+        score_group(rs, SRC, cfg(), "native")
+    with pytest.raises(ValueError, match="does not cover"):
+        rs = group()
+        rs[0].size_tokens_C = [1]
+        score_group(rs, SRC, cfg(), "native")

@@ -16,6 +16,7 @@ and in tests / scripts: `to_typed(compose("opd", ["+exp=demo_cpu"]), OpdConfig)`
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,3 +79,37 @@ def to_typed(cfg: DictConfig | dict[str, Any], schema: type[T]) -> T:
 def to_yaml(obj: Any) -> str:
     """The resolved config of a run, for the run directory (what was actually used)."""
     return OmegaConf.to_yaml(OmegaConf.structured(obj))
+
+
+# ---- sections every entry point shares (kept here: importing them must not pull in torch) ----
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"  # run name (wandb, run directory)
+    output_dir: str = "runs/${run.name}"  # run directory: checkpoints, banks, dumps, plots
+    seed: int = 0  # global seed (data order, sampling, init)
+
+
+@dataclass
+class ClusterConfig:
+    num_nodes: int = 1  # nodes in the allocation (Slurm)
+    num_gpus_per_node: int = 0  # 0 = CPU box
+    ray_address: str = "local"  # "local" = ray.init() here; "auto" = join the cluster slurm/ started
+    num_cpus: int = 2  # CPUs Ray may use on a local start
+
+    def validate(self) -> None:
+        if self.num_nodes < 1 or self.num_gpus_per_node < 0:
+            raise ValueError("cluster.num_nodes must be >= 1 and cluster.num_gpus_per_node >= 0")
+
+
+@dataclass
+class LoggingConfig:
+    wandb_mode: str = "offline"  # offline (default: no network) | online | disabled
+    project: str = "hymem-train"  # wandb project
+    entity: str = ""  # wandb entity; empty = the user's default
+    log_every: int = 1  # optimizer steps between metric logs
+
+    def validate(self) -> None:
+        if self.wandb_mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"logging.wandb_mode must be offline/online/disabled, got {self.wandb_mode!r}")

@@ -26,7 +26,7 @@ NOT_ROUTED = -1  # sentinel: position that must not be replayed (see models/rout
 @dataclass
 class Segment:
     trajectory_id: str  # rollout identity the gateway credential maps to
-    chunk_index: int  # chunk of the window this call served; -1 is never valid for training (failure 3)
+    chunk_index: int  # sequence-level Chunk.index (data_pipeline.schema) this call served (failure 3)
     call_index: int  # order of this call within the chunk's write
     prompt_ids: list[int]  # exact ids fed to the engine (chat template applied by the gateway)
     response_ids: list[int]  # exact ids the engine sampled, EOS included when it stopped

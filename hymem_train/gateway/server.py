@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from hymem_train.engines.base import PromptTooLongError, SamplingParams
 from hymem_train.gateway.batcher import Batcher
-from hymem_train.gateway.identity import IdentityError, IdentityRegistry
+from hymem_train.gateway.identity import IdentityError, IdentityMismatch, IdentityRegistry
 from hymem_train.gateway.store import SegmentStore
 from hymem_train.segments import Segment
 
@@ -275,6 +275,14 @@ class Gateway:
             _bearer(request), claimed_trajectory, request.headers.get("x-hymem-bank"), need_chunk=True
         )
         chunk_index = ident.chunk_index
+        claimed_chunk = request.headers.get("x-hymem-chunk-index")
+        if claimed_chunk is not None and claimed_chunk.strip() != str(chunk_index):
+            # the harness says it is writing another chunk than the rollout declared: refuse rather
+            # than record a segment under the wrong chunk (silent failure 3)
+            self.registry.rejected["mismatch"] += 1
+            raise IdentityMismatch(
+                f"request claims chunk {claimed_chunk!r}, trajectory {ident.trajectory_id!r} is on chunk {chunk_index}"
+            )
         messages, sp = self._parse_chat(body)
         prompt_ids = list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                        return_dict=False))  # fmt: skip

@@ -132,6 +132,7 @@ BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max
         ("other_trajectory_in_path", 403, "identity_mismatch"),
         ("other_bank_in_header", 403, "identity_mismatch"),
         ("no_chunk", 409, "no_chunk_index"),
+        ("other_chunk_in_header", 403, "identity_mismatch"),
         ("stream", 400, "unsupported_stream"),
         ("n2", 400, "unsupported_n"),
         ("stop", 400, "unsupported_stop"),
@@ -159,6 +160,8 @@ def test_bad_requests_get_clear_errors_and_record_nothing(server, gw, case, stat
         path = f"/t/{other_tid}/v1/chat/completions"
     elif case == "other_bank_in_header":
         headers = {"x-hymem-bank": f"bank-{other_tid}"}
+    elif case == "other_chunk_in_header":
+        headers = {"x-hymem-chunk-index": "7"}
     elif case == "stream":
         body["stream"] = True
     elif case == "n2":
@@ -190,10 +193,13 @@ def test_rejections_are_counted(server, gw):
 
 
 def test_scoped_path_with_own_identity_works(server, gw):
-    tid, cred = _traj(gw)
+    tid, cred = _traj(gw, chunk=5)
     c = openai.OpenAI(base_url=f"{server.url}/t/{tid}/v1", api_key=cred, max_retries=0)
     c.chat.completions.create(model="policy", messages=MSG, max_tokens=3)
-    assert len(gw.store.get(tid)) == 1
+    c.chat.completions.create(
+        model="policy", messages=MSG, max_tokens=3, extra_headers={"X-Hymem-Chunk-Index": "5"}
+    )
+    assert [s.chunk_index for s in gw.store.get(tid)] == [5, 5]
 
 
 def test_admin_endpoints_over_http(server, gw):

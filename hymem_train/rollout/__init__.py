@@ -1,0 +1,1 @@
+"""Rollouts: workers that write windows through the harnesses, the window scheduler, bank lineage."""

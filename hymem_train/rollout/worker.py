@@ -1,0 +1,200 @@
+"""Rollout workers: one rollout = one window written chunk by chunk from a fork of the parent bank.
+
+DESIGN.md section 1: each of a window's 8 rollouts starts from an independent copy of the same
+parent bank and writes every chunk of the window through the harness's own write path; every LLM
+call goes through the gateway under the rollout's own credential (silent failure 8) with the chunk
+index declared first (silent failure 3). After each chunk the worker closes the bank and snapshots
+it (the reward's PRM probes search the bank state right after chunk t).
+
+Fault handling: the harness retries platform errors itself (restoring the bank first); a platform
+error that persists ends the rollout as platform_error (excluded by the reward, never scored:
+silent failure 7). A malformed policy output is a policy_error chunk: the rollout continues and the
+reward scores whatever the bank holds (silent failure 9). When a write needed retries, only the
+segments of the final attempt are kept: the discarded attempt's calls did not produce the bank the
+chunk is scored on.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_pipeline.chunking import render_turn
+from data_pipeline.schema import Chunk, Window
+from harnesses.base import Endpoint, WriteResult, WriteStatus
+from harnesses.registry import HarnessConfig, make_harness
+from hymem_train.gateway.client import GatewayAdmin
+from hymem_train.segments import Segment
+from reward.records import ChunkSnapshot, RolloutRecord
+
+log = logging.getLogger(__name__)
+
+M_SEGMENTS = "rollout/segments"  # LLM calls kept for training, sum
+M_DISCARDED = "rollout/discarded_segments"  # calls of retried (failed) write attempts, sum
+M_POLICY_ERRORS = "rollout/policy_error_chunks"  # chunks whose write was malformed policy output, sum
+M_PLATFORM_ERRORS = "rollout/platform_error_rollouts"  # rollouts ended by a persistent platform fault, sum
+M_WRITE_S = "perf/rollout_write_s"  # seconds spent in harness writes, sum
+
+
+@dataclass
+class RolloutTask:
+    window: Window  # the window to write
+    chunks: list[Chunk]  # its chunks, in window order
+    rollout_index: int  # 0..G-1 within the window's group
+    harness: str  # harness config name (key of the worker's harness configs)
+    parent_bank: str | None  # closed parent bank directory; None = start from an empty bank
+    out_dir: str  # this rollout's directory (bank, snapshots, sandbox files)
+    step: int = 0  # training step (part of the trajectory id)
+
+
+@dataclass
+class RolloutResult:
+    record: RolloutRecord  # what the reward service scores
+    segments: list[Segment]  # LLM calls kept for training, chunk order then call order
+    writes: list[dict[str, Any]]  # WriteResult of each chunk (json)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def trajectory_id(task: RolloutTask) -> str:
+    """URL-safe identity (it may appear in gateway paths)."""
+    return f"s{task.step}-{task.window.window_id}-r{task.rollout_index}".replace("/", "_").replace(":", "_")
+
+
+def chunk_messages(chunk: Chunk) -> list[dict[str, str]]:
+    """The chunk's turns as OpenAI-style messages: chat roles stay, named speakers prefix the text."""
+    msgs = []
+    for t in chunk.turns:
+        if t.speaker in ("user", "assistant"):
+            msgs.append({"role": t.speaker, "content": t.text})
+        else:
+            msgs.append({"role": "user", "content": render_turn(t)})
+    return msgs or [{"role": "user", "content": "(empty chunk)"}]
+
+
+class RolloutWorker:
+    """Drives one harness per rollout. Plain class; `ray.remote(RolloutWorker)` makes it an actor."""
+
+    def __init__(
+        self,
+        harnesses: dict[str, HarnessConfig],
+        gateway_url: str,
+        admin_token: str,
+        model_name: str = "policy",
+        embedding_model: str = "all-MiniLM-L6-v2",
+        tokenizer_path: str = "",
+    ):
+        from hymem_train.models.tokenizer import ASSET_DIR, load_tokenizer
+
+        self.harnesses = harnesses
+        self.admin = GatewayAdmin(gateway_url, admin_token)
+        self.model_name = model_name
+        self.embedding_model = embedding_model
+        self.tokenizer = load_tokenizer(tokenizer_path or ASSET_DIR)
+
+    def run(self, task: RolloutTask) -> RolloutResult:
+        cfg = self.harnesses[task.harness]
+        tid = trajectory_id(task)
+        out = Path(task.out_dir)
+        if out.exists():  # a resumed step redoes the rollout from its parent: start clean
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        bank_dir = out / "bank"
+        cred = self.admin.register(tid, bank_id=str(bank_dir))
+        llm = Endpoint(self.admin.base_url, cred, self.model_name)
+        emb = Endpoint(self.admin.base_url, cred, self.embedding_model)
+        harness = make_harness(cfg, llm, emb, sandbox_root=out, sandbox_id=tid)
+        snapshots: list[ChunkSnapshot] = []
+        writes: list[WriteResult] = []
+        status = "ok"
+        t_write = 0.0
+        try:
+            if task.parent_bank:
+                harness.fork(task.parent_bank, [bank_dir])
+                harness.open(bank_dir)
+            else:
+                harness.open(bank_dir, create=True)
+            for pos, chunk in enumerate(task.chunks):
+                self.admin.set_chunk(tid, chunk.index)
+                t0 = time.perf_counter()
+                res = harness.write_chunk(
+                    chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id, chunk.date,
+                    chunk_index=chunk.index,
+                )  # fmt: skip
+                t_write += time.perf_counter() - t0
+                writes.append(res)
+                size = None
+                if res.status is not WriteStatus.PLATFORM_ERROR:
+                    try:
+                        size = harness.size_tokens(self.tokenizer)
+                    except Exception as e:  # an unreadable bank is a platform fault, never a size of 0
+                        log.warning("rollout %s chunk %d: size_tokens failed: %s", tid, chunk.index, e)
+                        res = WriteResult(WriteStatus.PLATFORM_ERROR, res.num_llm_calls, f"size_tokens: {e}")
+                        writes[-1] = res
+                harness.close()
+                last = pos == len(task.chunks) - 1
+                snap = bank_dir if last else out / f"snap_c{chunk.index}"
+                if not last:
+                    harness.fork(bank_dir, [snap])
+                snapshots.append(ChunkSnapshot(chunk.index, str(snap), size, res.status.value))
+                if res.status is WriteStatus.PLATFORM_ERROR:
+                    status = "platform_error"
+                    for rest in task.chunks[pos + 1 :]:  # the reward needs one snapshot per chunk
+                        snapshots.append(ChunkSnapshot(rest.index, str(snap), None, "platform_error"))
+                    break
+                if not last:
+                    harness.open(bank_dir)
+        except Exception as e:  # a crashed sandbox or store: the whole rollout is a platform fault
+            log.exception("rollout %s failed", tid)
+            status = "platform_error"
+            done = {s.chunk_index for s in snapshots}
+            for c in task.chunks:
+                if c.index not in done:
+                    snapshots.append(ChunkSnapshot(c.index, str(bank_dir), None, "platform_error"))
+            writes.append(WriteResult(WriteStatus.PLATFORM_ERROR, 0, f"{type(e).__name__}: {e}"))
+        finally:
+            try:
+                harness.close()
+            finally:
+                shutdown = getattr(harness, "shutdown", None)
+                if callable(shutdown):
+                    shutdown()
+        segments = self.admin.drain_segments(tid)
+        self.admin.unregister(tid)
+        kept, discarded = keep_final_attempts(segments, task.chunks, writes)
+        record = RolloutRecord(
+            trajectory_id=tid, chunks=snapshots, status=status, segment_chunks=[s.chunk_index for s in kept]
+        )
+        metrics = {
+            M_SEGMENTS: float(len(kept)),
+            M_DISCARDED: float(discarded),
+            M_POLICY_ERRORS: float(sum(w.status is WriteStatus.POLICY_ERROR for w in writes)),
+            M_PLATFORM_ERRORS: float(status == "platform_error"),
+            M_WRITE_S: t_write,
+        }
+        return RolloutResult(record, kept, [w.to_json() for w in writes], metrics)
+
+
+def keep_final_attempts(
+    segments: list[Segment], chunks: list[Chunk], writes: list[WriteResult]
+) -> tuple[list[Segment], int]:
+    """Per chunk keep the last `num_llm_calls` calls (the attempt that produced the bank)."""
+    by_chunk: dict[int, list[Segment]] = defaultdict(list)
+    for s in segments:
+        by_chunk[s.chunk_index].append(s)
+    kept: list[Segment] = []
+    discarded = 0
+    for c, w in zip(chunks, writes, strict=False):
+        segs = sorted(by_chunk.pop(c.index, []), key=lambda s: s.call_index)
+        n = min(w.num_llm_calls, len(segs)) if w.num_attempts > 1 else len(segs)
+        discarded += len(segs) - n
+        kept.extend(segs[len(segs) - n :])
+    # a segment under a chunk the rollout never wrote would be a mapping bug: keep it so the
+    # reward's chunk-mapping check raises (silent failure 3) instead of dropping it here
+    for segs in by_chunk.values():
+        kept.extend(segs)
+    return kept, discarded

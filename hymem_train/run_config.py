@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omegaconf import MISSING
+
 from hymem_train.config import ClusterConfig, LoggingConfig, RunConfig
 from hymem_train.engines import EngineConfig
 from hymem_train.gateway.server import GatewayConfig
 from hymem_train.models.loading import ModelConfig
+from hymem_train.runtime import StageConfig
+from reward.service import RewardConfig
 
 
 @dataclass
@@ -43,26 +47,34 @@ class ServeConfig:
 
 
 @dataclass
-class OpdConfig(ServeConfig):
+class OpdConfig(StageConfig):
     teacher: ModelConfig = field(default_factory=lambda: ModelConfig(preset="tiny_teacher"))  # frozen teacher
     teacher_engine: EngineConfig = field(default_factory=lambda: EngineConfig(capture_routes=False))
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     opd: OpdAlgoConfig = field(default_factory=OpdAlgoConfig)
 
     def validate(self) -> None:
         super().validate()
-        self.teacher.validate(), self.teacher_engine.validate(), self.cluster.validate()
+        self.teacher.validate(), self.teacher_engine.validate()
+        if self.trainer.loss.kind != "opd":
+            raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the OPD stage needs 'opd'")
 
 
 @dataclass
-class RlConfig(ServeConfig):
-    init_checkpoint: str = ""  # OPD checkpoint directory to start from (report: OPD step 375)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+class RlConfig(StageConfig):
+    reward: RewardConfig = MISSING  # configs/reward/*.yaml (required)
     rl: RlAlgoConfig = field(default_factory=RlAlgoConfig)
+    # CPU boxes: serve the frozen reader from a local HF engine (reward.reader.base_url is then set to it)
+    local_reader: bool = False
+    reader_model: ModelConfig = field(default_factory=ModelConfig)  # the frozen reader when local_reader
 
     def validate(self) -> None:
         super().validate()
-        self.cluster.validate()
+        self.reward.validate()
+        if self.trainer.loss.kind != "ppo":
+            raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the RL stage needs 'ppo'")
+        missing = sorted(set(self.harnesses) - set(self.reward.scoring.growth_bounds))
+        if missing:  # silent failure 4, caught before any work
+            raise ValueError(f"reward.scoring.growth_bounds has no bounds for declared harness(es) {missing}")
 
 
 @dataclass

@@ -1,16 +1,27 @@
-"""OpenAI-compatible gateway: identity-checked, batched, records token-exact Segments."""
+"""OpenAI-compatible gateway: identity-checked, batched, records token-exact Segments.
 
-from hymem_train.gateway.identity import IdentityMismatch, IdentityRegistry, UnknownIdentity
-from hymem_train.gateway.runner import GatewayServer
-from hymem_train.gateway.server import Gateway, GatewayConfig
-from hymem_train.gateway.store import SegmentStore
+Names are imported lazily: rollout workers import `hymem_train.gateway.client` only, and must not
+pull in torch through the server and engines (a Ray actor per worker would pay for it).
+"""
 
-__all__ = [
-    "Gateway",
-    "GatewayConfig",
-    "GatewayServer",
-    "IdentityMismatch",
-    "IdentityRegistry",
-    "SegmentStore",
-    "UnknownIdentity",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "Gateway": "server",
+    "GatewayConfig": "server",
+    "GatewayServer": "runner",
+    "IdentityMismatch": "identity",
+    "IdentityRegistry": "identity",
+    "SegmentStore": "store",
+    "UnknownIdentity": "identity",
+    "GatewayAdmin": "client",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

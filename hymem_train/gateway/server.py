@@ -45,6 +45,7 @@ class GatewayConfig:
     default_max_tokens: int = 256  # when the request gives no max_tokens
     embeddings: bool = True  # serve /v1/embeddings with the local MiniLM
     admin_token: str = ""  # required in X-Admin-Token for /admin/*; empty = a random one per process
+    frozen: bool = False  # a frozen model (reader / judge / teacher): any key, no identity, no segments
 
 
 class ApiError(Exception):
@@ -270,6 +271,8 @@ class Gateway:
 
     async def _chat(self, request: Request, claimed_trajectory: str | None):
         body = await _json_body(request)
+        if self.cfg.frozen:
+            return await self._frozen_chat(body)
         # identity first: an unidentified caller learns nothing about the request format
         ident = self.registry.resolve(
             _bearer(request), claimed_trajectory, request.headers.get("x-hymem-bank"), need_chunk=True
@@ -310,6 +313,36 @@ class Gateway:
         self.counters["completion_tokens"] += len(out.response_ids)
         return {
             "id": f"chatcmpl-{ident.trajectory_id}-{chunk_index}-{call_index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.cfg.served_model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.response_text(out)},
+                    "finish_reason": out.finish_reason,
+                    "logprobs": None,
+                }
+            ],  # fmt: skip
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(out.response_ids),
+                "total_tokens": len(prompt_ids) + len(out.response_ids),
+            },  # fmt: skip
+        }
+
+    async def _frozen_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A frozen model serves evaluation calls (reader, judge): nothing to identify or record."""
+        messages, sp = self._parse_chat(body)
+        prompt_ids = list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False))  # fmt: skip
+        if len(prompt_ids) + sp.max_tokens > self.engine.max_model_len:
+            raise ApiError(400, f"prompt is {len(prompt_ids)} tokens; with max_tokens {sp.max_tokens} it exceeds "
+                           f"the context of {self.engine.max_model_len}", "context_length_exceeded")  # fmt: skip
+        out = await self.batcher.generate(prompt_ids, sp)
+        self.counters["requests_ok"] += 1
+        return {
+            "id": f"chatcmpl-frozen-{self.counters['requests_ok']}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.cfg.served_model_name,

@@ -38,6 +38,7 @@ class PromotedBank:
     known_text: str  # its text
     source_trajectory: str  # trajectory id of the promoted rollout
     harness: str  # harness config name the bank belongs to
+    size_tokens: int = 0  # bank size in tokens (the next window's growth-penalty baseline)
 
 
 class BankLineage:
@@ -81,6 +82,7 @@ class BankLineage:
         final_bank_dir: str,
         trajectory: str,
         harness: str,
+        size_tokens: int = 0,
     ) -> PromotedBank:
         dst = self.root / "banks" / sequence_id.replace("/", "_") / f"e{epoch}" / f"w{window_index:04d}"
         if dst.exists():  # a resumed run re-promotes the same window: replace it whole
@@ -99,7 +101,7 @@ class BankLineage:
         first = entries[0] if entries else None
         b = PromotedBank(
             sequence_id, epoch, window_index, str(dst), n, first.id if first else "", first.text if first else "", trajectory,
-            harness,
+            harness, size_tokens,
         )  # fmt: skip
         self.verify(b)  # reopen from disk before anyone relies on it
         self.banks[self.key(sequence_id, epoch, window_index)] = b
@@ -107,6 +109,12 @@ class BankLineage:
         atomic_write_text(self.path, json.dumps({k: asdict(v) for k, v in self.banks.items()}, indent=1))
         log.info("promoted %s window %d: %d entries -> %s", sequence_id, window_index, n, dst)
         return b
+
+    def parent_size_tokens(self, sequence_id: str, epoch: int, window_index: int) -> int:
+        if window_index == 0:
+            return 0
+        b = self.banks.get(self.key(sequence_id, epoch, window_index - 1))
+        return b.size_tokens if b is not None else 0
 
     def verify(self, b: PromotedBank) -> None:
         if not Path(b.bank_dir).exists():

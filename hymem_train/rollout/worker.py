@@ -88,13 +88,19 @@ class RolloutWorker:
         embedding_model: str = "all-MiniLM-L6-v2",
         tokenizer_path: str = "",
     ):
-        from hymem_train.models.tokenizer import ASSET_DIR, load_tokenizer
+        # the raw `tokenizers` file, not transformers: a Ray actor then never imports torch
+        from tokenizers import Tokenizer
 
+        tok_dir = (
+            Path(tokenizer_path)
+            if tokenizer_path
+            else Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
+        )
         self.harnesses = harnesses
         self.admin = GatewayAdmin(gateway_url, admin_token)
         self.model_name = model_name
         self.embedding_model = embedding_model
-        self.tokenizer = load_tokenizer(tokenizer_path or ASSET_DIR)
+        self.tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
 
     def run(self, task: RolloutTask) -> RolloutResult:
         cfg = self.harnesses[task.harness]

@@ -136,7 +136,9 @@ def chunked_head(
             f"chunked_head: want hidden [N, H] and ids [N, K], got {tuple(hidden_NH.shape)} and {tuple(ids_NK.shape)}"
         )
     if block_rows < 1 or block_vocab < 1:
-        raise ValueError(f"chunked_head: block_rows / block_vocab must be >= 1, got {block_rows} / {block_vocab}")
+        raise ValueError(
+            f"chunked_head: block_rows / block_vocab must be >= 1, got {block_rows} / {block_vocab}"
+        )
     if temperature <= 0:
         raise ValueError(f"chunked_head: temperature must be > 0, got {temperature}")
     return _ChunkedHead.apply(

@@ -37,6 +37,7 @@ class TrainerConfig:
     adam_eps: float = 1e-8  # AdamW epsilon
     max_grad_norm: float = 1.0  # global gradient-norm clip (0 = off)
     zero_stage: int = 3  # DeepSpeed ZeRO stage (3 in the report's setup)
+    zero_persistence_threshold: int = 100_000  # ZeRO-3: params with fewer elements stay whole (tests: 0)
     precision: str = "auto"  # "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32"
     gradient_checkpointing: bool = True  # recompute decoder layers in backward
     routing_replay: bool = True  # force the rollout engine's experts in the training forward
@@ -102,7 +103,7 @@ class Trainer:
         if cfg.zero_stage == 3 and (moe := _moe_block_class(model)) is not None:
             set_z3_leaf_modules(model, [moe])
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         self.policy = PolicyLoss(model, cfg.loss, cfg.packing.mask)
         self.policy.loss_scale = float(self.world_size)
@@ -123,7 +124,11 @@ class Trainer:
             "gradient_accumulation_steps": 1,
             "managed_gradient_accumulation": False,
             "gradient_clipping": cfg.max_grad_norm,
-            "zero_optimization": {"stage": cfg.zero_stage, "overlap_comm": False, "contiguous_gradients": True},
+            "zero_optimization": {
+                "stage": cfg.zero_stage,
+                "overlap_comm": False,
+                "contiguous_gradients": True,
+            },
             "zero_allow_untested_optimizer": True,
             "bf16": {"enabled": bf16},
             "steps_per_print": 1_000_000_000,
@@ -152,10 +157,11 @@ class Trainer:
     def recompute_old_logprobs(self, micro_batches: list[MicroBatch]) -> None:
         """PPO `ratio_source: recompute`: old-policy log-probs from the weights before this update."""
         self.engine.eval()
-        for mb in micro_batches:
-            dev = mb.to(self.device)
-            with self._replay(dev):
-                mb.rollout_logp_N = self.policy.token_logprobs(dev).float().cpu()
+        with torch.no_grad():
+            for mb in micro_batches:
+                dev = mb.to(self.device)
+                with self._replay(dev):
+                    mb.rollout_logp_N = self.engine(dev, logprobs_only=True).float().cpu()
         self.engine.train()
 
     def train_step(self, micro_batches: list[MicroBatch]) -> dict[str, float]:
@@ -173,7 +179,10 @@ class Trainer:
                 self.engine.backward(loss, scale_wrt_gas=False)
                 if self.routing is not None and dev.routes_1TLE is not None:
                     st = self.routing.stats()
-                    mismatch += torch.tensor([st["moe/replay_mismatch_rate"] * st["moe/replayed_slots"], st["moe/replayed_slots"]], dtype=torch.float64)
+                    mismatch += torch.tensor(
+                        [st["moe/replay_mismatch_rate"] * st["moe/replayed_slots"], st["moe/replayed_slots"]],
+                        dtype=torch.float64,
+                    )
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0) + v.detach().double().cpu()
         self.engine.step()
@@ -185,6 +194,27 @@ class Trainer:
             torch.distributed.all_reduce(vec)  # every metric is a sum: reduce by addition
         tot = dict(zip(keys + ["_mm_diff", "_mm_tot"], vec.tolist(), strict=True))
         return self._metrics(tot, grad_norm, time.perf_counter() - t0)
+
+    # ---- checkpoint / weight sync -------------------------------------------------------------------
+    def save(self, save_dir: str, client_state: dict | None = None) -> str:
+        """Collective. `client_state` carries the data cursor; the trainer step is added here."""
+        from hymem_train.trainer.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self.engine, save_dir, self.step, dict(client_state or {})))
+
+    def load(self, load_dir: str, tag: str | None = None) -> dict:
+        """Collective. Restores model, optimizer, scheduler, RNG; returns the saved client state."""
+        from hymem_train.trainer.checkpoint import load_checkpoint
+
+        state = load_checkpoint(self.engine, load_dir, tag)
+        self.step = int(state["step"])
+        return state
+
+    def sync_weights(self, receivers: list, version: int, cfg=None) -> dict[str, float]:
+        """Collective. Pushes the HF model's weights to `receivers` from rank 0 in buckets."""
+        from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
+
+        return sync_weights(self.model, receivers, version, cfg or WeightSyncConfig(), self.rank)
 
     def _metrics(self, tot: dict[str, float], grad_norm, seconds: float) -> dict[str, float]:
         n = max(tot.get("train/num_loss_tokens", 0.0), 1.0)

@@ -24,7 +24,9 @@ class LossConfig:
     clip_low: float = 0.2  # PPO ratio lower clip: 1 - clip_low
     clip_high: float = 0.2  # PPO ratio upper clip: 1 + clip_high
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None = off
-    ratio_source: str = "rollout"  # "rollout": engine logprobs; "recompute": old policy forward before the update
+    ratio_source: str = (
+        "rollout"  # "rollout": engine logprobs; "recompute": old policy forward before the update
+    )
     temperature: float = 1.0  # sampling temperature of the rollout engine (logits are divided by it)
     block_rows: int = 4096  # chunked LM head tile: loss positions per row block
     block_vocab: int = 2048  # chunked LM head tile: vocab entries per block
@@ -36,7 +38,9 @@ class LossConfig:
         if self.opd_form not in OPD_FORMS:
             raise ValueError(f"trainer.loss.opd_form={self.opd_form!r}: want one of {OPD_FORMS}")
         if self.ratio_source not in ("rollout", "recompute"):
-            raise ValueError(f"trainer.loss.ratio_source={self.ratio_source!r}: want 'rollout' or 'recompute'")
+            raise ValueError(
+                f"trainer.loss.ratio_source={self.ratio_source!r}: want 'rollout' or 'recompute'"
+            )
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"trainer.loss.dual_clip={self.dual_clip}: must be > 1 (or null)")
         if self.block_rows < 1 or self.block_vocab < 1:

@@ -1,9 +1,11 @@
 """Segment packing: one optimizer step's segments -> equal numbers of packed micro-batches per rank.
 
 Every LLM call a harness makes is an independent segment (DESIGN.md section 1): in a packed row
-each segment restarts its position ids and attends only to itself (block-causal mask). Position
-ids alone do not isolate segments with sdpa/eager on CPU, so the mask is built explicitly; with
-flash-attention on GPU `mask="position_ids"` lets transformers derive varlen boundaries instead.
+each segment restarts its position ids and attends only to itself. Position ids alone do not
+isolate segments with sdpa/eager on CPU, so isolation is explicit: `mask="segments"` (default) runs
+causal sdpa per segment from the row's `cu_seqlens` (segment_attention.py, no T^2 memory);
+`"block_causal"` builds the dense additive mask (any attention implementation, T^2 memory); with
+flash-attention on GPU `"position_ids"` lets transformers derive varlen boundaries itself.
 Routed experts ride along position by position with their tokens (routing replay, report RL).
 
 Loss weights are fixed here, once for the whole step (all micro-batches, all ranks), so the
@@ -27,20 +29,25 @@ from hymem_train.trainer.losses import sequence_mean_weights, token_mean_weight
 
 log = logging.getLogger(__name__)
 
+MASK_MODES = ("segments", "block_causal", "position_ids")
+
 
 @dataclass
 class PackingConfig:
     num_tokens_per_micro_batch: int = 4096  # capacity of one packed row (prompt + response tokens)
     pad_to_multiple: int = 8  # row length rounded up to this (kernel-friendly shapes)
-    mask: str = "block_causal"  # "block_causal" (dense 4-D mask, CPU/sdpa/eager) or "position_ids" (flash varlen)
+    mask: str = (
+        "segments"  # "segments" (per-segment sdpa), "block_causal" (dense mask), "position_ids" (flash)
+    )
+    max_segments_per_micro_batch: int = 0  # cap on segments per row (0 = no cap)
 
     def validate(self) -> None:
         if self.num_tokens_per_micro_batch < 2:
             raise ValueError("trainer.packing.num_tokens_per_micro_batch must be >= 2")
         if self.pad_to_multiple < 1:
             raise ValueError("trainer.packing.pad_to_multiple must be >= 1")
-        if self.mask not in ("block_causal", "position_ids"):
-            raise ValueError(f"trainer.packing.mask={self.mask!r}: want 'block_causal' or 'position_ids'")
+        if self.mask not in MASK_MODES:
+            raise ValueError(f"trainer.packing.mask={self.mask!r}: want one of {MASK_MODES}")
 
 
 @dataclass
@@ -76,6 +83,7 @@ class MicroBatch:
     routes_1TLE: torch.Tensor | None = None  # int16, -1 = free routing (padding, unrouted positions)
     item_keys: list[str] = field(default_factory=list)
     num_real_tokens: int = 0
+    cu_seqlens: tuple[int, ...] = ()  # segment boundaries in the row (the padding tail is one more piece)
 
     def to(self, device: torch.device | str) -> MicroBatch:
         out = {}
@@ -134,13 +142,13 @@ def step_weights(items: list[TrainItem], loss_kind: str) -> list[np.ndarray]:
     return [np.full(c, w_of[it.sequence_id or it.key]) for it, c in zip(items, counts, strict=True)]
 
 
-def _bins_first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+def _bins_first_fit_decreasing(lengths: list[int], capacity: int, max_count: int = 0) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     room: list[int] = []
     for i in order:
         for b, r in enumerate(room):
-            if lengths[i] <= r:
+            if lengths[i] <= r and (max_count <= 0 or len(bins[b]) < max_count):
                 bins[b].append(i)
                 room[b] -= lengths[i]
                 break
@@ -171,7 +179,9 @@ def plan_step(
                 f"{cfg.num_tokens_per_micro_batch}"
             )
     weights = step_weights(items, loss_kind)
-    bins = _bins_first_fit_decreasing(lengths, cfg.num_tokens_per_micro_batch)
+    bins = _bins_first_fit_decreasing(
+        lengths, cfg.num_tokens_per_micro_batch, cfg.max_segments_per_micro_batch
+    )
     num_per_rank = -(-len(bins) // world_size)
     bins += [[] for _ in range(num_per_rank * world_size - len(bins))]
     # longest-processing-time assignment: balance tokens per rank, equal micro-batch counts
@@ -196,6 +206,7 @@ def _build(
                 raise ValueError(f"segment {it.key}: routed experts {r.shape[1:]} differ from {route_shape}")
             route_shape = r.shape[1:]
     off = 0
+    cu = [0]
     for n_seg, i in enumerate(idx):
         it, s = items[i], items[i].segment
         P, R = len(s.prompt_ids), len(s.response_ids)
@@ -214,9 +225,12 @@ def _build(
             r = s.routed_experts_TLK
             routes.append(r if r is not None else np.full((P + R, *route_shape), NOT_ROUTED, np.int16))
         off += P + R
+        cu.append(off)
     T = max(off, 1)
     T = -(-T // cfg.pad_to_multiple) * cfg.pad_to_multiple
     n_pad = T - off
+    if n_pad:
+        cu.append(T)  # padding attends causally within the tail only; it carries no loss
     ids.append(np.zeros(n_pad, dtype=np.int64))
     pos.append(np.zeros(n_pad, dtype=np.int64))
     seg.append(len(idx) + np.arange(n_pad))  # each pad token alone: attends to itself only
@@ -243,6 +257,7 @@ def _build(
         routes_1TLE=cat(routes, torch.int16)[None] if route_shape is not None else None,
         item_keys=[items[i].key for i in idx],
         num_real_tokens=off,
+        cu_seqlens=tuple(cu),
     )
 
 

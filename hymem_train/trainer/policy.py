@@ -13,32 +13,43 @@ import torch
 from torch import nn
 
 from hymem_train.trainer.chunked_head import chunked_head
-from hymem_train.trainer.losses import LossConfig, opd_support_stats, opd_token_loss, ppo_token_loss, sft_token_loss
+from hymem_train.trainer.losses import (
+    LossConfig,
+    opd_support_stats,
+    opd_token_loss,
+    ppo_token_loss,
+    sft_token_loss,
+)
 from hymem_train.trainer.packing import MicroBatch, block_causal_mask
+from hymem_train.trainer.segment_attention import KWARG as SEGMENTS_KWARG
+from hymem_train.trainer.segment_attention import use_segment_attention
 
 
 class PolicyLoss(nn.Module):
     """`forward(mb) -> (loss, stats)`; `stats` are detached sums that reduce across micro-batches/ranks."""
 
-    def __init__(self, model: nn.Module, loss_cfg: LossConfig, mask_mode: str = "block_causal"):
+    def __init__(self, model: nn.Module, loss_cfg: LossConfig, mask_mode: str = "segments"):
         super().__init__()
         self.model = model
+        if mask_mode == "segments":
+            use_segment_attention(model)
         self.loss_cfg = loss_cfg
         self.mask_mode = mask_mode
         self.loss_scale = 1.0  # set by the engine: data-parallel world size (see engine.py)
 
     def hidden_states(self, mb: MicroBatch) -> torch.Tensor:
-        dtype = next(self.model.parameters()).dtype
-        mask = block_causal_mask(mb.segment_ids_T, dtype) if self.mask_mode == "block_causal" else None
-        out = self.model.model(input_ids=mb.input_ids_1T, position_ids=mb.position_ids_1T, attention_mask=mask)
+        kw: dict = {}
+        if self.mask_mode == "segments":
+            kw[SEGMENTS_KWARG] = mb.cu_seqlens
+        elif self.mask_mode == "block_causal":
+            kw["attention_mask"] = block_causal_mask(mb.segment_ids_T, self.model.lm_head.weight.dtype)
+        out = self.model.model(input_ids=mb.input_ids_1T, position_ids=mb.position_ids_1T, **kw)
         return out.last_hidden_state[0]
 
-    @torch.no_grad()
-    def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        """log p(target) at the loss positions under the current weights (old policy for PPO ratios)."""
-        h_NH = self.hidden_states(mb)[mb.loss_pos_N]
+    def _token_logprobs(self, hidden_TH: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        """log p(target) at the loss positions (old policy for PPO `ratio_source: recompute`)."""
         lse_N, zt_N1, _ = chunked_head(
-            h_NH,
+            hidden_TH[mb.loss_pos_N],
             self.model.lm_head.weight,
             mb.target_ids_N[:, None],
             block_rows=self.loss_cfg.block_rows,
@@ -48,9 +59,13 @@ class PolicyLoss(nn.Module):
         )
         return zt_N1[:, 0] - lse_N
 
-    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, mb: MicroBatch, logprobs_only: bool = False):
+        """`(loss, stats)`, or with `logprobs_only` the target log-probs [N]. Everything goes through
+        forward so ZeRO-3's hooks gather `lm_head.weight` (a method call would see an empty shard)."""
         cfg = self.loss_cfg
         hidden_TH = self.hidden_states(mb)
+        if logprobs_only:
+            return self._token_logprobs(hidden_TH, mb)
         h_NH = hidden_TH[mb.loss_pos_N]
         W_VH = self.model.lm_head.weight
         stats: dict[str, torch.Tensor] = {}

@@ -1,0 +1,102 @@
+"""Run observability: namespaced metrics to wandb (offline by default) and to `metrics.jsonl` in the
+run directory, a per-step time breakdown, and PNG plots of the main curves (STYLE.md 9)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+from hymem_train.config import LoggingConfig
+
+log = logging.getLogger(__name__)
+
+
+class StepTimer:
+    """`with timer("rollout"): ...` accumulates seconds per phase; `pop()` returns perf/time_* metrics."""
+
+    def __init__(self) -> None:
+        self._t: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._t[phase] += time.perf_counter() - t0
+
+    def pop(self) -> dict[str, float]:
+        out = {f"perf/time_{k}_s": v for k, v in self._t.items()}
+        out["perf/time_step_s"] = sum(self._t.values())
+        self._t.clear()
+        return out
+
+
+class MetricsLogger:
+    def __init__(self, cfg: LoggingConfig, run_dir: str | Path, run_name: str, config: dict | None = None):
+        self.cfg = cfg
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self._wandb = None
+        if cfg.wandb_mode != "disabled":
+            try:
+                import wandb
+
+                os.environ.setdefault("WANDB_SILENT", "true")
+                self._wandb = wandb.init(
+                    project=cfg.project, entity=cfg.entity or None, name=run_name, dir=str(self.dir),
+                    mode=cfg.wandb_mode, config=config or {}, resume="allow", id=run_name.replace("/", "_"),
+                )  # fmt: skip
+            except Exception as e:  # logging must never kill a training run
+                log.warning("wandb unavailable (%s); metrics go to %s only", e, self.path)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {
+            k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(float(v))
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+
+    def history(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        by_step = {r["step"]: r for r in rows}  # a resumed run rewrites a step: the last line wins
+        return [by_step[s] for s in sorted(by_step)]
+
+    def plot(self, keys: list[str], name: str = "curves.png") -> Path | None:
+        rows = self.history()
+        keys = [k for k in keys if any(k in r for r in rows)]
+        if not keys:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.4 * len(keys)), squeeze=False)
+        for ax, k in zip(axes[:, 0], keys, strict=True):
+            pts = [(r["step"], r[k]) for r in rows if k in r]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3)
+            ax.set_title(k, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        out = self.dir / name
+        fig.savefig(out, dpi=90)
+        plt.close(fig)
+        return out
+
+    def finish(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,136 @@
+"""Supervised fine-tuning on the trainer core: makes the demo's tiny teacher, and the report's "OPD init
+vs generic SFT" ablation. Cross-entropy on response tokens of packed segments, ZeRO-3 engine.
+
+    .venv/bin/python -m hymem_train.sft data_path=runs/data/sft.jsonl out_dir=runs/sft
+    .venv/bin/torchrun --nproc_per_node 2 -m hymem_train.sft data_path=... # 2 ranks (gloo on CPU)
+
+Data: JSONL, one record per line: a full Segment (`Segment.to_json`) or just
+`{"prompt_ids": [...], "response_ids": [...]}`. Output: `out_dir/checkpoints` (resumable, picked up
+automatically), `out_dir/metrics.jsonl`, and `out_dir/final` (HF checkpoint + tokenizer, loadable
+with `model.path=...`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from hymem_train.config import CONFIG_DIR, to_typed
+from hymem_train.models.loading import ModelConfig, load_model, load_tokenizer_for
+from hymem_train.segments import Segment
+from hymem_train.trainer.engine import Trainer, TrainerConfig
+from hymem_train.trainer.packing import TrainItem, plan_step
+from hymem_train.trainer.weight_sync import iter_full_param_buckets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SftConfig:
+    data_path: str  # JSONL of segments (see module docstring)
+    trainer: TrainerConfig  # configs/trainer/sft.yaml
+    model: ModelConfig = field(default_factory=ModelConfig)  # configs/model/*.yaml
+    out_dir: str = "runs/sft"  # checkpoints, metrics.jsonl, final/
+    num_epochs: int = 1  # passes over the data
+    num_segments_per_step: int = 8  # segments per optimizer step (all ranks together)
+    save_every: int = 0  # checkpoint every N steps (0 = only at the end)
+    max_steps: int = 0  # stop after N steps in total (0 = run all epochs)
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.trainer.validate()
+        if self.trainer.loss.kind != "sft":
+            raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the SFT entry point needs 'sft'")
+        if self.num_segments_per_step < 1 or self.num_epochs < 1:
+            raise ValueError("num_segments_per_step and num_epochs must be >= 1")
+
+
+def load_segments(path: str) -> list[Segment]:
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                if "trajectory_id" not in d:
+                    d = {
+                        "trajectory_id": f"{Path(path).name}:{n}",
+                        "chunk_index": 0,
+                        "call_index": 0,
+                        "prompt_ids": d["prompt_ids"],
+                        "response_ids": d["response_ids"],
+                        "logprobs": [0.0] * len(d["response_ids"]),
+                        "finish_reason": "stop",
+                    }
+                out.append(Segment.from_dict(d))
+            except (KeyError, ValueError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: bad SFT record: {e}") from None
+    if not out:
+        raise ValueError(f"{path}: no SFT records")
+    return out
+
+
+def step_batches(segments: list[Segment], cfg: SftConfig) -> list[list[Segment]]:
+    """Deterministic epoch shuffles cut into steps; the data cursor is an index into this list."""
+    steps = []
+    for epoch in range(cfg.num_epochs):
+        order = list(range(len(segments)))
+        random.Random(cfg.trainer.seed * 1000 + epoch).shuffle(order)
+        for s in range(0, len(order), cfg.num_segments_per_step):
+            steps.append([segments[i] for i in order[s : s + cfg.num_segments_per_step]])
+    return steps[: cfg.max_steps] if cfg.max_steps else steps
+
+
+def export_hf(trainer: Trainer, cfg: SftConfig, out: Path) -> None:
+    """Collective (gathers ZeRO-3 shards); rank 0 writes `out` via a temp dir and a rename."""
+    full = {n: t for bucket in iter_full_param_buckets(trainer.model, 256 << 20) for n, t in bucket}
+    if trainer.rank == 0:
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        trainer.model.save_pretrained(tmp, state_dict=full)
+        load_tokenizer_for(cfg.model).save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        log.info("exported %s", out)
+
+
+def run(cfg: SftConfig) -> dict[str, float]:
+    out_dir, ckpt_dir = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoints"
+    trainer = Trainer(cfg.trainer, load_model(cfg.model))
+    steps = step_batches(load_segments(cfg.data_path), cfg)
+    cursor = trainer.load(str(ckpt_dir))["data_cursor"] if (ckpt_dir / "latest").exists() else 0
+    metrics: dict[str, float] = {}
+    for s in range(cursor, len(steps)):
+        items = [TrainItem(segment=seg) for seg in steps[s]]
+        plan = plan_step(items, cfg.trainer.packing, "sft", world_size=trainer.world_size)
+        metrics = trainer.train_step(plan[trainer.rank])
+        if trainer.rank == 0:
+            log.info("step %d %s", s, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            with open(out_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": s, **metrics}) + "\n")
+        if cfg.save_every and (s + 1) % cfg.save_every == 0 and s + 1 < len(steps):
+            trainer.save(str(ckpt_dir), {"data_cursor": s + 1})
+    if cursor < len(steps):
+        trainer.save(str(ckpt_dir), {"data_cursor": len(steps)})
+    export_hf(trainer, cfg, out_dir / "final")
+    return metrics
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="sft", version_base=None)
+def main(dcfg: DictConfig) -> None:
+    cfg = to_typed(dcfg, SftConfig)
+    Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

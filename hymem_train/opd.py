@@ -122,6 +122,7 @@ def run(cfg: OpdConfig) -> dict[str, float]:
             m.update(rt.timer.pop())
             rt.log(step, m)
             last = m
+        rt.export_final()
         if rt.is_driver:
             rt.logger.plot(["distill/reverse_kl_topk", "eval/reverse_kl", "distill/teacher_token_coverage",
                             "distill/entropy"], "opd_curves.png")  # fmt: skip

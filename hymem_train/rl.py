@@ -171,6 +171,7 @@ def run(cfg: RlConfig) -> dict[str, float]:
             m.update(rt.timer.pop())
             rt.log(step, m)
             last = m
+        rt.export_final()
         if rt.is_driver:
             rt.logger.plot(
                 ["reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac"], "rl_curves.png"

@@ -228,6 +228,14 @@ class Runtime:
         if force or step % self.cfg.save_every == 0:
             self.trainer.save(str(self.ckpt_dir), {"stage_step": step})
 
+    def export_final(self) -> Path:
+        """Collective: the policy as an HF checkpoint in <run>/final (the next stage's init_checkpoint)."""
+        from hymem_train.sft import export_hf
+
+        out = self.run_dir / "final"
+        export_hf(self.trainer, self.cfg, out)
+        return out
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.is_driver:
             self.logger.log(step, metrics)

@@ -36,6 +36,14 @@ def _local_ids(ids_RK: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tensor, to
     return local_RK.clamp_(0, v1 - v0 - 1), inside_RK
 
 
+def _acc_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out += a @ b, in place without a temporary when the dtypes agree."""
+    if out.dtype == a.dtype:
+        out.addmm_(a, b)
+    else:
+        out.add_(a @ b)
+
+
 class _ChunkedHead(torch.autograd.Function):
     """(hidden_NH, weight_VH, ids_NK) -> (lse_N, gathered_NK, entropy_N), all fp32.
 
@@ -86,8 +94,12 @@ class _ChunkedHead(torch.autograd.Function):
         (block_rows, block_vocab), inv_t = ctx.blocks, ctx.inv_t
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         N, V = hidden_NH.shape[0], weight_VH.shape[0]
-        grad_hidden_NH = torch.zeros_like(hidden_NH) if need_h else None
-        grad_weight_VH = torch.zeros_like(weight_VH) if need_w else None
+        # Accumulate in fp32 when the model runs bf16: grad_hidden sums over every vocab tile (60 at
+        # the report's vocab), which a bf16 buffer would round at each step.
+        wide = torch.float32 if hidden_NH.dtype in (torch.bfloat16, torch.float16) else hidden_NH.dtype
+        grad_hidden_NH = torch.zeros(hidden_NH.shape, dtype=wide, device=hidden_NH.device) if need_h else None
+        w_dtype = weight_VH.dtype if N <= block_rows else wide  # one row block: each tile written once
+        grad_weight_VH = torch.zeros(weight_VH.shape, dtype=w_dtype, device=weight_VH.device) if need_w else None
         for r0, r1 in _tiles(N, block_rows):
             h_RH, ids_RK = hidden_NH[r0:r1], ids_NK[r0:r1]
             lse_R1, ent_R1 = lse_N[r0:r1, None], entropy_N[r0:r1, None]
@@ -108,10 +120,14 @@ class _ChunkedHead(torch.autograd.Function):
                     gz_RB.mul_(inv_t)
                 gz_RB = gz_RB.to(hidden_NH.dtype)
                 if need_h:
-                    grad_hidden_NH[r0:r1].addmm_(gz_RB, weight_VH[v0:v1])
+                    _acc_mm(grad_hidden_NH[r0:r1], gz_RB, weight_VH[v0:v1])
                 if need_w:
-                    grad_weight_VH[v0:v1].addmm_(gz_RB.T, h_RH)
+                    _acc_mm(grad_weight_VH[v0:v1], gz_RB.T, h_RH)
                 del gz_RB
+        if need_h:
+            grad_hidden_NH = grad_hidden_NH.to(hidden_NH.dtype)
+        if need_w:
+            grad_weight_VH = grad_weight_VH.to(weight_VH.dtype)
         return grad_hidden_NH, grad_weight_VH, None, None, None, None, None
 
 

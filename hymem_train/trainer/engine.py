@@ -128,6 +128,7 @@ class Trainer:
                 "stage": cfg.zero_stage,
                 "overlap_comm": False,
                 "contiguous_gradients": True,
+                "stage3_param_persistence_threshold": cfg.zero_persistence_threshold,
             },
             "zero_allow_untested_optimizer": True,
             "bf16": {"enabled": bf16},

@@ -124,6 +124,8 @@ def _check_item(item: TrainItem, loss_kind: str) -> None:
                 f"segment {item.key}: teacher top-k ids {np.shape(ids)} / logprobs {np.shape(lps)} "
                 f"do not cover its {R} response tokens as [R, K]"
             )
+        if not np.isfinite(np.asarray(lps, dtype=np.float64)).all():
+            raise ValueError(f"segment {item.key}: teacher top-k logprobs hold non-finite values")
 
 
 def step_weights(items: list[TrainItem], loss_kind: str) -> list[np.ndarray]:

@@ -110,6 +110,10 @@ class IdentityRegistry:
                 raise NoChunkSet(f"trajectory {ident.trajectory_id!r} has no current chunk (set_chunk first)")
             return ident
 
+    def peek_call_index(self, ident: TrajectoryIdentity, chunk_index: int) -> int:
+        with self._lock:
+            return ident.calls_per_chunk.get(chunk_index, 0)
+
     def next_call_index(self, ident: TrajectoryIdentity, chunk_index: int) -> int:
         """Call index within the chunk, taken only when a segment is actually recorded (no gaps)."""
         with self._lock:

@@ -46,6 +46,7 @@ class GatewayConfig:
     embeddings: bool = True  # serve /v1/embeddings with the local MiniLM
     admin_token: str = ""  # required in X-Admin-Token for /admin/*; empty = a random one per process
     frozen: bool = False  # a frozen model (reader / judge / teacher): any key, no identity, no segments
+    seed: int = 0  # run seed mixed into per-call sampling seeds (requests without their own seed)
 
 
 class ApiError(Exception):
@@ -292,6 +293,11 @@ class Gateway:
         if len(prompt_ids) + sp.max_tokens > self.engine.max_model_len:
             raise ApiError(400, f"prompt is {len(prompt_ids)} tokens; with max_tokens {sp.max_tokens} it exceeds "
                            f"the context of {self.engine.max_model_len}", "context_length_exceeded")  # fmt: skip
+        if sp.seed is None:
+            # a seed fixed by (run, trajectory, chunk, call): sampling does not depend on which other
+            # requests shared the batch, so a resumed run re-samples exactly what the killed one did
+            sp.seed = _stable_seed(self.cfg.seed, ident.trajectory_id, chunk_index,
+                                   self.registry.peek_call_index(ident, chunk_index))  # fmt: skip
         try:
             out = await self.batcher.generate(prompt_ids, sp)
         except PromptTooLongError as e:
@@ -396,6 +402,12 @@ class Gateway:
             "model": self.embedder.name,
             "usage": {"prompt_tokens": 0, "total_tokens": 0},
         }
+
+
+def _stable_seed(*parts: object) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "little")
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

@@ -223,3 +223,21 @@ def test_admin_endpoints_over_http(server, gw):
     with pytest.raises(openai.AuthenticationError):
         _client(server, cred).chat.completions.create(model="policy", messages=MSG, max_tokens=3)
     assert httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"] == "policy"
+
+
+def test_unseeded_calls_are_reproducible_per_trajectory_chunk_and_call(server, gw):
+    """A resumed run re-samples what the killed run sampled: the seed comes from (run, trajectory, chunk, call)."""
+
+    def sample(tid):
+        cred = gw.register(tid, "bank")
+        gw.set_chunk(tid, 1)
+        c = _client(server, cred)
+        texts = [c.chat.completions.create(model="policy", messages=MSG, max_tokens=12).choices[0].message.content
+                 for _ in range(2)]  # fmt: skip
+        gw.registry.unregister(tid)
+        gw.store.drain(tid)
+        return texts
+
+    a, b = sample("replay-a"), sample("replay-a")
+    assert a == b and a[0] != a[1]  # same trajectory/chunk/call -> same sample; the next call differs
+    assert sample("replay-b") != a

@@ -136,7 +136,11 @@ def _run(args: list[str], log_path: Path) -> None:
 
 
 def run_demo(
-    root: str | Path = "runs/demo", *, sft_epochs: int = 12, extra: dict[str, list[str]] | None = None
+    root: str | Path = "runs/demo",
+    *,
+    teacher_epochs: int = 30,
+    student_epochs: int = 15,
+    extra: dict[str, list[str]] | None = None,
 ) -> dict:
     """The whole tiny pipeline; each stage is the real entry point in its own process."""
     import time
@@ -160,18 +164,28 @@ def run_demo(
     print(f"      {counts['writer_segments']} writer segments, {counts['reader_examples']} reader examples")
     timings["oracle"] = time.perf_counter() - t
 
-    print("[3/5] SFT of the tiny teacher (python -m hymem_train.sft)", flush=True)
+    print(
+        "[3/5] SFT: the tiny teacher, and the student's pretraining stand-in (python -m hymem_train.sft)",
+        flush=True,
+    )
     t = time.perf_counter()
+    # teacher: 4 layers, trained to convergence on the demonstrations (writer + reader tasks)
     _run(["-m", "hymem_train.sft", f"data_path={root}/sft/data.jsonl", f"out_dir={root}/sft",
-          f"num_epochs={sft_epochs}", "trainer.gradient_checkpointing=false", *extra.get("sft", [])],
-         root / "logs" / "sft.log")  # fmt: skip
+          f"num_epochs={teacher_epochs}", "trainer.lr=2e-3", "trainer.gradient_checkpointing=false",
+          *extra.get("sft", [])], root / "logs" / "sft_teacher.log")  # fmt: skip
+    # student: 2 layers, a short SFT only (the report's student is a pretrained model, not random init)
+    _run(["-m", "hymem_train.sft", "model=tiny_student", f"data_path={root}/sft/data.jsonl",
+          f"out_dir={root}/student_init", f"num_epochs={student_epochs}", "trainer.lr=2e-3",
+          "trainer.gradient_checkpointing=false", *extra.get("student", [])],
+         root / "logs" / "sft_student.log")  # fmt: skip
     timings["sft"] = time.perf_counter() - t
 
     common = [f"data.path={train}", f"data.eval_path={held}"]
     print("[4/5] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
     t = time.perf_counter()
     _run(["-m", "hymem_train.opd", "+exp=demo_opd", *common, f"teacher.path={root}/sft/final",
-          f"run.output_dir={root}/opd", *extra.get("opd", [])], root / "logs" / "opd.log")  # fmt: skip
+          f"init_checkpoint={root}/student_init/final", f"run.output_dir={root}/opd", *extra.get("opd", [])],
+         root / "logs" / "opd.log")  # fmt: skip
     timings["opd"] = time.perf_counter() - t
 
     print("[5/5] RL: chunk-level GRPO (python -m hymem_train.rl +exp=demo_rl)", flush=True)
@@ -197,7 +211,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         f"data: 6 training sequences x 6 chunks (windows of 3), 3 held-out sequences; "
         f"{counts['writer_segments']} oracle writer segments + {counts['reader_examples']} reader examples for SFT",
         "",
-        "## OPD (student 2 layers <- teacher 4 layers)",
+        "## OPD (student: 3 layers, hidden 96 <- teacher: 4 layers, hidden 128)",
         "- held-out reverse KL(student || teacher), full vocab, at the student's sampled positions: "
         + (f"{kl[0]:.3f} (step 0) -> {kl[1]:.3f} (last step)" if kl else "n/a"),
         "- training top-50 reverse KL: "

@@ -287,12 +287,7 @@ class Gateway:
             raise IdentityMismatch(
                 f"request claims chunk {claimed_chunk!r}, trajectory {ident.trajectory_id!r} is on chunk {chunk_index}"
             )
-        messages, sp = self._parse_chat(body)
-        prompt_ids = list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                       return_dict=False))  # fmt: skip
-        if len(prompt_ids) + sp.max_tokens > self.engine.max_model_len:
-            raise ApiError(400, f"prompt is {len(prompt_ids)} tokens; with max_tokens {sp.max_tokens} it exceeds "
-                           f"the context of {self.engine.max_model_len}", "context_length_exceeded")  # fmt: skip
+        prompt_ids, sp = self._prompt(body)
         if sp.seed is None:
             # a seed fixed by (run, trajectory, chunk, call): sampling does not depend on which other
             # requests shared the batch, so a resumed run re-samples exactly what the killed one did
@@ -317,38 +312,28 @@ class Gateway:
         self.counters["requests_ok"] += 1
         self.counters["prompt_tokens"] += len(prompt_ids)
         self.counters["completion_tokens"] += len(out.response_ids)
-        return {
-            "id": f"chatcmpl-{ident.trajectory_id}-{chunk_index}-{call_index}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.cfg.served_model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": self.response_text(out)},
-                    "finish_reason": out.finish_reason,
-                    "logprobs": None,
-                }
-            ],  # fmt: skip
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(out.response_ids),
-                "total_tokens": len(prompt_ids) + len(out.response_ids),
-            },  # fmt: skip
-        }
+        return self._completion(f"chatcmpl-{ident.trajectory_id}-{chunk_index}-{call_index}", prompt_ids, out)
 
     async def _frozen_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """A frozen model serves evaluation calls (reader, judge): nothing to identify or record."""
+        prompt_ids, sp = self._prompt(body)
+        out = await self.batcher.generate(prompt_ids, sp)
+        self.counters["requests_ok"] += 1
+        return self._completion(f"chatcmpl-frozen-{self.counters['requests_ok']}", prompt_ids, out)
+
+    def _prompt(self, body: dict[str, Any]) -> tuple[list[int], SamplingParams]:
+        """Validated request -> the exact prompt ids (chat template applied once, here) and sampling params."""
         messages, sp = self._parse_chat(body)
         prompt_ids = list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                        return_dict=False))  # fmt: skip
         if len(prompt_ids) + sp.max_tokens > self.engine.max_model_len:
             raise ApiError(400, f"prompt is {len(prompt_ids)} tokens; with max_tokens {sp.max_tokens} it exceeds "
                            f"the context of {self.engine.max_model_len}", "context_length_exceeded")  # fmt: skip
-        out = await self.batcher.generate(prompt_ids, sp)
-        self.counters["requests_ok"] += 1
+        return prompt_ids, sp
+
+    def _completion(self, cid: str, prompt_ids: list[int], out) -> dict[str, Any]:
         return {
-            "id": f"chatcmpl-frozen-{self.counters['requests_ok']}",
+            "id": cid,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.cfg.served_model_name,

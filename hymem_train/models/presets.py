@@ -54,8 +54,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096,
         mlp_layer_types=["sparse"] * 4,
     ),
-    # Demo student (smaller than the teacher, as in the report's 30B-A3B student).
+    # Demo student: smaller than the teacher (3 layers, hidden 96 vs 4 layers, hidden 128).
     "tiny_student": dict(
+        num_hidden_layers=3,
+        hidden_size=96,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        moe_intermediate_size=48,
+        intermediate_size=192,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        vocab_size=TINY_VOCAB,
+        max_position_embeddings=4096,
+        mlp_layer_types=["sparse"] * 3,
+    ),
+    # Unit tests: the smallest useful HYV3 (2 layers, hidden 64).
+    "tiny": dict(
         num_hidden_layers=2,
         hidden_size=64,
         num_experts=8,
@@ -71,7 +87,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         mlp_layer_types=["sparse"] * 2,
     ),
 }
-PRESETS["tiny"] = dict(PRESETS["tiny_student"])  # unit tests
 
 
 @dataclass(frozen=True)

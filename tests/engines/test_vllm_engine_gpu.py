@@ -17,7 +17,7 @@ def ckpt(tmp_path_factory):
     from hymem_train.models.tokenizer import default_tokenizer
 
     d = tmp_path_factory.mktemp("tiny_ckpt")
-    build_model("tiny_student", seed=0).save_pretrained(d)
+    build_model("tiny", seed=0).save_pretrained(d)
     default_tokenizer().save_pretrained(d)
     return d
 
@@ -40,7 +40,7 @@ def test_vllm_generate_routes_topk_and_weight_sync(ckpt):
     (tk,) = eng.topk_logprobs([prompt + out.response_ids], k=5)
     assert tk.ids_TK.shape == (len(prompt) + len(out.response_ids), 5)
     assert np.all(np.diff(tk.logprobs_TK.numpy(), axis=1) <= 1e-6)  # sorted best-first
-    other = build_model("tiny_student", seed=1)
+    other = build_model("tiny", seed=1)
     named = list(other.state_dict().items())
     eng.update_weights(named, version=1)
     assert eng.policy_version == 1

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml requirements/lock-cpu.txt | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo lint format bench clean
+.PHONY: setup test test-fast demo demo-gateway lint format bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,9 @@ test-fast: setup
 
 demo: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py
+
+demo-gateway: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py --gateway-only
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -21,7 +21,12 @@ from harnesses.testing import HttpFailure
 from .conftest import CHUNK
 
 ADD_TWO = json.dumps(
-    {"ops": [{"op": "ADD", "text": "User moved to Lisbon in March 2023"}, {"op": "ADD", "text": "User has a cat named Pixel"}]}
+    {
+        "ops": [
+            {"op": "ADD", "text": "User moved to Lisbon in March 2023"},
+            {"op": "ADD", "text": "User has a cat named Pixel"},
+        ]
+    }
 )
 
 
@@ -59,11 +64,20 @@ def test_scripted_policy_stores_expected_memories_and_search_finds_them(tmp_path
 
 
 def test_update_delete_and_context_memories_in_prompt(tmp_path, server, llm):
-    server.set_replies([ADD_TWO, '{"ops": [{"op": "UPDATE", "id": 1, "text": "User moved to Porto"}, {"op": "DELETE", "id": 2}]}'])
+    server.set_replies(
+        [
+            ADD_TWO,
+            '{"ops": [{"op": "UPDATE", "id": 1, "text": "User moved to Porto"}, {"op": "DELETE", "id": 2}]}',
+        ]
+    )
     h = NativeHarness(llm)
     h.open(tmp_path / "bank", create=True)
     h.write_chunk(CHUNK, "s1", "2023-03-05")
-    res = h.write_chunk([{"role": "user", "content": "Actually I moved to Porto, and Pixel the cat ran away."}], "s2", "2023-04-01")
+    res = h.write_chunk(
+        [{"role": "user", "content": "Actually I moved to Porto, and Pixel the cat ran away."}],
+        "s2",
+        "2023-04-01",
+    )
     assert (res.status, res.num_updated, res.num_deleted) == (WriteStatus.OK, 1, 1)
     assert [(e.id, e.text) for e in h.read_all()] == [("1", "User moved to Porto")]
     # the second prompt showed the existing memories with their ids
@@ -75,7 +89,10 @@ def test_update_delete_and_context_memories_in_prompt(tmp_path, server, llm):
     "reply, why",
     [
         ("The user moved to Lisbon.", "not JSON ops"),
-        ('```json\n{"ops": [{"op": "NONE"},]}\n```', "repaired JSON"),  # repair + zero memories = policy error
+        (
+            '```json\n{"ops": [{"op": "NONE"},]}\n```',
+            "repaired JSON",
+        ),  # repair + zero memories = policy error
         ('{"ops": [{"op": "UPDATE", "id": 99, "text": "x"}]}', "only invalid ops"),
         ('{"ops": []}', "empty op list"),
         ('{"ops": [{"op": "ADD"}]}', "only invalid ops"),
@@ -93,7 +110,9 @@ def test_malformed_output_is_policy_error_not_crash(tmp_path, server, llm, reply
 
 
 def test_clean_none_is_ok_and_partial_validity_is_reported(tmp_path, server, llm):
-    server.set_replies(['{"ops": [{"op": "NONE"}]}', '{"ops": [{"op": "ADD", "text": "a fact"}, {"op": "FOO"}]}'])
+    server.set_replies(
+        ['{"ops": [{"op": "NONE"}]}', '{"ops": [{"op": "ADD", "text": "a fact"}, {"op": "FOO"}]}']
+    )
     h = NativeHarness(llm)
     h.open(tmp_path / "bank", create=True)
     assert h.write_chunk(CHUNK, "s1", "d").status is WriteStatus.OK
@@ -167,8 +186,12 @@ def test_read_all_has_no_cap_and_checks_count(tmp_path):
     """Silent failure 6: 12,000 rows (above a 10,000-style cap) all come back; a short listing raises."""
     h = NativeHarness(None)
     h.open(tmp_path / "bank", create=True)
-    db = h._db
-    db.executemany("INSERT INTO memories(text, session_id, date) VALUES (?, 's', 'd')", [(f"fact {i}",) for i in range(12000)])
+    with h._db:  # one transaction, not 12,000 fsyncs
+        h._db.execute("BEGIN")
+        h._db.executemany(
+            "INSERT INTO memories(text, session_id, date) VALUES (?, 's', 'd')",
+            [(f"fact {i}",) for i in range(12000)],
+        )
     entries = h.read_all()
     assert len(entries) == 12000 == h.count() and entries[-1].text == "fact 11999"
     # an independent count that disagrees with the listing must fail loudly
@@ -260,9 +283,26 @@ def test_write_is_atomic_on_store_failure(tmp_path, server, llm):
     server.set_replies([ADD_TWO])
     h = NativeHarness(llm)
     h.open(tmp_path / "bank", create=True)
-    h._db.execute("CREATE TRIGGER boom BEFORE INSERT ON memories WHEN new.text LIKE '%Pixel%' BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    h._db.execute(
+        "CREATE TRIGGER boom BEFORE INSERT ON memories WHEN new.text LIKE '%Pixel%' BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+    )
     res = h.write_chunk(CHUNK, "s", "d")
     assert res.status is WriteStatus.PLATFORM_ERROR and "disk full" in res.error
     assert h.count() == 0  # the first ADD of the chunk was rolled back too
     h.close()
-    assert sqlite3.connect(tmp_path / "bank" / "memories.sqlite").execute("select count(*) from memories").fetchone()[0] == 0
+    assert (
+        sqlite3.connect(tmp_path / "bank" / "memories.sqlite")
+        .execute("select count(*) from memories")
+        .fetchone()[0]
+        == 0
+    )
+
+
+def test_tiny_random_model_output_is_policy_error(tmp_path, server, llm, tiny_random_policy):
+    server.set_replies(tiny_random_policy)
+    h = NativeHarness(llm)
+    h.open(tmp_path / "bank", create=True)
+    for _ in range(3):
+        res = h.write_chunk(CHUNK, "s1", "2023-03-05")
+        assert res.status is WriteStatus.POLICY_ERROR and res.num_llm_calls == 1, res
+    h.close()

@@ -1,0 +1,1 @@
+"""Framework adapters; each module is imported only inside its own sandbox venv."""

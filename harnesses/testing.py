@@ -1,0 +1,228 @@
+"""A stand-in OpenAI-compatible server for tests (chat completions + embeddings), stdlib only.
+
+It plays the gateway while the real one is not in the loop: scripted chat replies, deterministic
+embeddings, per-key identity checks (silent failure 8), and a record of every request so tests can
+count LLM calls and check the headers a harness sent. Reusable by other packages' tests:
+
+    with StandInServer(replies=['{"ops":[{"op":"ADD","text":"x"}]}']) as srv:
+        Endpoint(base_url=srv.base_url, api_key="traj-0", model="m")
+
+Replies: a list (consumed in order; the last one repeats), or a callable `(request_json) -> reply`.
+A reply is a string (the assistant content) or an `HttpFailure` (status code, optional delay).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+EMBED_DIM = 384  # MiniLM-L6's width, so the same store config works with the real embedder
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpFailure:
+    status: int = 500  # HTTP status to answer with
+    delay_s: float = 0.0  # sleep first (timeouts)
+    body: str = "stand-in failure"  # response text
+
+
+Reply = str | HttpFailure
+
+
+@dataclasses.dataclass
+class RecordedRequest:
+    path: str
+    api_key: str | None
+    headers: dict[str, str]
+    body: dict[str, Any]
+    status: int  # what the server answered
+
+
+def hash_embedding(text: str, dim: int = EMBED_DIM) -> list[float]:
+    """Bag-of-words feature hashing, L2-normalised: texts sharing words get a high cosine.
+
+    Cheap and deterministic, so retrieval tests do not need a model; real runs use MiniLM.
+    """
+    vec = [0.0] * dim
+    for word in re.findall(r"\w+", text.lower()):
+        h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+        vec[h % dim] += 1.0 if (h >> 63) & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vec))
+    if norm == 0.0:
+        vec[0] = 1.0
+        return vec
+    return [v / norm for v in vec]
+
+
+class StandInServer:
+    def __init__(
+        self,
+        replies: list[Reply] | Callable[[dict[str, Any]], Reply] | None = None,
+        *,
+        allowed_keys: set[str] | None = None,
+        embed_fn: Callable[[list[str]], list[list[float]]] | None = None,
+        host: str = "127.0.0.1",
+    ):
+        self._replies = replies if replies is not None else ['{"ops": [{"op": "NONE"}]}']
+        self._reply_idx = 0
+        self.allowed_keys = allowed_keys
+        self.embed_fn = embed_fn or (lambda texts: [hash_embedding(t) for t in texts])
+        self.requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer((host, 0), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
+
+    # ---- public
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def set_replies(self, replies: list[Reply] | Callable[[dict[str, Any]], Reply]) -> None:
+        with self._lock:
+            self._replies, self._reply_idx = replies, 0
+
+    def chat_requests(self, status: int | None = 200) -> list[RecordedRequest]:
+        return [
+            r for r in self.requests if r.path.endswith("/chat/completions") and status in (None, r.status)
+        ]
+
+    def start(self) -> StandInServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> StandInServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- internals
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            if callable(self._replies):
+                return self._replies(body)
+            if not self._replies:
+                return HttpFailure(500, body="stand-in: no scripted reply")
+            r = self._replies[min(self._reply_idx, len(self._replies) - 1)]
+            self._reply_idx += 1
+            return r
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def _send(self, status: int, obj: Any) -> None:
+                data = json.dumps(obj).encode() if not isinstance(obj, bytes) else obj
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                # the client timed out or was killed: expected in crash tests
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
+
+            def _record(self, body: dict[str, Any], status: int) -> None:
+                auth = self.headers.get("Authorization", "")
+                key = auth[7:] if auth.startswith("Bearer ") else None
+                with server._lock:
+                    server.requests.append(RecordedRequest(self.path, key, dict(self.headers), body, status))
+
+            def _authorized(self) -> bool:
+                if server.allowed_keys is None:
+                    return True
+                auth = self.headers.get("Authorization", "")
+                return auth.startswith("Bearer ") and auth[7:] in server.allowed_keys
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(n) or b"{}")
+                except ValueError:
+                    self._record({}, 400)
+                    return self._send(400, {"error": {"message": "body is not JSON"}})
+                if not self._authorized():
+                    self._record(body, 401)
+                    return self._send(401, {"error": {"message": "unknown credential for this sandbox"}})
+                if self.path.endswith("/chat/completions"):
+                    return self._chat(body)
+                if self.path.endswith("/embeddings"):
+                    return self._embeddings(body)
+                self._record(body, 404)
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+            def _chat(self, body: dict[str, Any]) -> None:
+                reply = server._next_reply(body)
+                if isinstance(reply, HttpFailure):
+                    time.sleep(reply.delay_s)
+                    self._record(body, reply.status)
+                    return self._send(reply.status, {"error": {"message": reply.body}})
+                self._record(body, 200)
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{len(server.requests)}",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": body.get("model", "stand-in"),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": reply},
+                                "finish_reason": "stop",
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                    },
+                )
+
+            def _embeddings(self, body: dict[str, Any]) -> None:
+                inp = body.get("input", [])
+                texts = [inp] if isinstance(inp, str) else list(inp)
+                if texts and not isinstance(texts[0], str):
+                    self._record(body, 400)
+                    return self._send(400, {"error": {"message": "token-id input not supported"}})
+                vecs: list[Any] = server.embed_fn(texts)
+                if body.get("encoding_format") == "base64":  # the openai client asks for this by default
+                    vecs = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vecs]
+                self._record(body, 200)
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "model": body.get("model", "stand-in-embed"),
+                        "data": [
+                            {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)
+                        ],
+                        "usage": {"prompt_tokens": 0, "total_tokens": 0},
+                    },
+                )
+
+        return Handler

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Create the per-framework harness venvs under .venvs/<framework>, reproducibly, from the pinned
+# lock files in harnesses/venv_locks/<framework>.txt (issue 3, Build 2: the frameworks' pins conflict).
+#
+#   scripts/make_harness_venvs.sh                 # every framework that has a lock file
+#   scripts/make_harness_venvs.sh mem0            # just one (CI: the ones its tests need)
+#   FORCE=1 scripts/make_harness_venvs.sh mem0    # rebuild even if the venv matches its lock
+#
+# Each lock file starts with header lines the script reads:
+#   # python: <interpreter>      (python3.11; EverOS needs /root/.pyenv/versions/3.12.1/bin/python)
+#   # pre: <pip requirement>      (optional; installed first, e.g. torch==2.13.0 so that no framework
+#                                  ever resolves a CUDA torch; the CPU wheel lies in /opt/wheels)
+# then the full `pip freeze` of a working venv, installed with --no-deps (no resolver surprises).
+# The pip cache is reused between runs. A venv is built in .venvs/.<fw>.tmp and renamed into
+# place only when complete; a stamp with the lock's hash lets a second run skip a current venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LOCK_DIR=harnesses/venv_locks
+VENVS=${HARNESS_VENV_ROOT:-.venvs}
+mkdir -p "$VENVS"
+
+frameworks=("$@")
+if [ ${#frameworks[@]} -eq 0 ]; then
+  for f in "$LOCK_DIR"/*.txt; do frameworks+=("$(basename "$f" .txt)"); done
+fi
+
+for fw in "${frameworks[@]}"; do
+  lock="$LOCK_DIR/$fw.txt"
+  if [ ! -f "$lock" ]; then
+    echo "make_harness_venvs: no lock file $lock for framework '$fw' (known: $(ls $LOCK_DIR | sed 's/.txt//' | tr '\n' ' '))" >&2
+    exit 2
+  fi
+  stamp="lock-$(sha1sum "$lock" | cut -c1-12)"
+  if [ -z "${FORCE:-}" ] && [ -f "$VENVS/$fw/$stamp" ]; then
+    echo "make_harness_venvs: $VENVS/$fw is current ($stamp)"
+    continue
+  fi
+  py=$(sed -n 's/^# python: *//p' "$lock" | head -1)
+  pre=$(sed -n 's/^# pre: *//p' "$lock" | head -1)
+  if ! command -v "$py" >/dev/null 2>&1; then
+    echo "make_harness_venvs: interpreter '$py' for $fw not found" >&2
+    exit 2
+  fi
+  start=$(date +%s)
+  tmp="$VENVS/.$fw.tmp"
+  rm -rf "$tmp"
+  "$py" -m venv "$tmp"
+  "$tmp/bin/python" -m pip install -q --upgrade pip
+  if [ -n "$pre" ]; then
+    "$tmp/bin/python" -m pip install -q "$pre"
+  fi
+  "$tmp/bin/python" -m pip install -q --no-deps -r "$lock"
+  "$tmp/bin/python" -m pip check
+  touch "$tmp/$stamp"
+  rm -rf "$VENVS/$fw"
+  mv "$tmp" "$VENVS/$fw"
+  # venv scripts hard-code their path; re-create the console entry points' shebangs after the move
+  sed -i "1s|^#!.*/\.$fw\.tmp/bin/python.*|#!$(cd "$VENVS/$fw" && pwd)/bin/python|" "$VENVS/$fw"/bin/* 2>/dev/null || true
+  echo "make_harness_venvs: $VENVS/$fw ready in $(( $(date +%s) - start )) s"
+done

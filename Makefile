@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml requirements/lock-cpu.txt | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo demo-gateway lint format bench clean
+.PHONY: setup harness-venvs test test-fast demo demo-gateway lint format bench clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml requirements/lock-cpu.txt
 	$(PY) -m pip install -q -c requirements/lock-cpu.txt -e '.[dev]'
 	rm -f $(VENV)/.stamp-* && touch $@
 
-test: setup
+# one venv per memory framework (their pins conflict); skipped when current (stamp = lock hash)
+harness-venvs:
+	scripts/make_harness_venvs.sh mem0 hy_memory memoryos everos
+
+test: setup harness-venvs
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
@@ -38,9 +42,13 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-bench: setup
+bench: setup harness-venvs
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_gateway.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_routing_replay.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_harness_fork.py --frameworks native mem0 memoryos
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_reward.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_losses.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_packing.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs/demo
+	rm -rf $(VENV) .venvs .pytest_cache runs/demo

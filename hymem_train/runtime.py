@@ -26,7 +26,7 @@ from hymem_train.rollout.harness_factory import BankReaderFactory
 from hymem_train.rollout.lineage import BankLineage
 from hymem_train.rollout.pool import RolloutPool
 from hymem_train.rollout.scheduler import ScheduledWindow, WindowScheduler
-from hymem_train.rollout.worker import RolloutResult, RolloutTask
+from hymem_train.rollout.worker import FaultConfig, RolloutResult, RolloutTask
 from hymem_train.trainer.engine import TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class RolloutConfig:
     mode: str = "train"  # train | rollout_only (collect + dump, no update) | train_only (replay dumps)
     dump: bool = False  # write each step's train items to <run>/dumps/step_<k>.pt (replayable)
     keep_rollout_dirs: bool = False  # keep every step's rollout banks (debugging; disk heavy)
+    faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (chaos tests); off by default
 
     def validate(self) -> None:
         if self.mode not in ("train", "rollout_only", "train_only"):
@@ -131,6 +132,7 @@ class Runtime:
                 worker_kwargs = dict(
                     harnesses=cfg.harnesses, gateway_url=self.server.url, admin_token=self.gateway.admin_token,
                     model_name=cfg.gateway.served_model_name, tokenizer_path=cfg.model.tokenizer_path,
+                    faults=cfg.rollout.faults,
                 )  # fmt: skip
                 self.pool = RolloutPool(
                     worker_kwargs, cfg.rollout.num_workers, use_ray=cfg.rollout.use_ray,
@@ -238,6 +240,12 @@ class Runtime:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.is_driver:
+            now = self.gateway.metrics()  # gateway counters are cumulative: log this step's share
+            prev, self._gw_prev = getattr(self, "_gw_prev", {}), now
+            metrics.update(
+                {k: v - prev.get(k, 0.0) for k, v in now.items() if k != "gateway/mean_batch_size"}
+            )
+            metrics["gateway/mean_batch_size"] = now["gateway/mean_batch_size"]
             self.logger.log(step, metrics)
 
     def close(self) -> None:

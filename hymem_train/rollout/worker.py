@@ -16,6 +16,7 @@ chunk is scored on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -39,6 +40,22 @@ M_DISCARDED = "rollout/discarded_segments"  # calls of retried (failed) write at
 M_POLICY_ERRORS = "rollout/policy_error_chunks"  # chunks whose write was malformed policy output, sum
 M_PLATFORM_ERRORS = "rollout/platform_error_rollouts"  # rollouts ended by a persistent platform fault, sum
 M_WRITE_S = "perf/rollout_write_s"  # seconds spent in harness writes, sum
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection for chaos tests of a whole run (off by default; DESIGN.md section 2 rules).
+
+    Each entry names rollouts by their index within the window's group, so a run hits the same
+    faults on every window; "i:t" adds the chunk position t.
+    """
+
+    kill_sandbox: list[str] = field(
+        default_factory=list
+    )  # "i:t": SIGKILL rollout i's sandbox while chunk t is written
+    foreign_identity: list[int] = field(
+        default_factory=list
+    )  # rollout i sends one call under another trajectory's path
 
 
 @dataclass
@@ -87,6 +104,7 @@ class RolloutWorker:
         model_name: str = "policy",
         embedding_model: str = "all-MiniLM-L6-v2",
         tokenizer_path: str = "",
+        faults: FaultConfig | None = None,
     ):
         # the raw `tokenizers` file, not transformers: a Ray actor then never imports torch
         from tokenizers import Tokenizer
@@ -96,11 +114,35 @@ class RolloutWorker:
             if tokenizer_path
             else Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
         )
+        self.faults = faults or FaultConfig()
         self.harnesses = harnesses
         self.admin = GatewayAdmin(gateway_url, admin_token)
         self.model_name = model_name
         self.embedding_model = embedding_model
         self.tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+
+    def _maybe_kill(self, harness, task: RolloutTask, pos: int):
+        import threading
+
+        if f"{task.rollout_index}:{pos}" not in self.faults.kill_sandbox:
+            return None
+        stop = threading.Event()
+        threading.Thread(target=_kill_loop, args=(harness, stop), daemon=True).start()
+        return stop
+
+    def _foreign_call(self, cred: str, tid: str) -> None:
+        """A call that presents this trajectory's key under another trajectory's path: the gateway must
+        refuse it (403) and count it (silent failure 8); nothing is recorded."""
+        import httpx
+
+        r = httpx.post(
+            f"{self.admin.url}/t/{tid}-impostor/v1/chat/completions",
+            headers={"authorization": f"Bearer {cred}"},
+            json={"model": self.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=30,
+        )
+        if r.status_code != 403:
+            raise RuntimeError(f"gateway accepted a foreign identity (HTTP {r.status_code})")
 
     def run(self, task: RolloutTask) -> RolloutResult:
         cfg = self.harnesses[task.harness]
@@ -127,11 +169,16 @@ class RolloutWorker:
             for pos, chunk in enumerate(task.chunks):
                 self.admin.set_chunk(tid, chunk.index)
                 t0 = time.perf_counter()
+                killer = self._maybe_kill(harness, task, pos)
+                if task.rollout_index in self.faults.foreign_identity and pos == 0:
+                    self._foreign_call(cred, tid)
                 res = harness.write_chunk(
                     chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id, chunk.date,
                     chunk_index=chunk.index,
                 )  # fmt: skip
                 t_write += time.perf_counter() - t0
+                if killer is not None:
+                    killer.set()
                 writes.append(res)
                 size = None
                 if res.status is not WriteStatus.PLATFORM_ERROR:
@@ -183,6 +230,20 @@ class RolloutWorker:
             M_WRITE_S: t_write,
         }
         return RolloutResult(record, kept, [w.to_json() for w in writes], metrics)
+
+
+def _kill_loop(harness, stop) -> None:
+    """SIGKILL every sandbox process the harness starts until `stop` is set (each retry included)."""
+    import os
+    import signal
+
+    killed: set[int] = set()
+    while not stop.wait(0.05):
+        pid = getattr(harness, "pid", None)
+        if pid and pid not in killed:
+            killed.add(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def keep_final_attempts(

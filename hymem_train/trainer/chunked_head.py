@@ -98,8 +98,10 @@ class _ChunkedHead(torch.autograd.Function):
         # the report's vocab), which a bf16 buffer would round at each step.
         wide = torch.float32 if hidden_NH.dtype in (torch.bfloat16, torch.float16) else hidden_NH.dtype
         grad_hidden_NH = torch.zeros(hidden_NH.shape, dtype=wide, device=hidden_NH.device) if need_h else None
-        w_dtype = weight_VH.dtype if N <= block_rows else wide  # one row block: each tile written once
-        grad_weight_VH = torch.zeros(weight_VH.shape, dtype=w_dtype, device=weight_VH.device) if need_w else None
+        w_dtype = weight_VH.dtype if block_rows >= N else wide  # one row block: each tile written once
+        grad_weight_VH = (
+            torch.zeros(weight_VH.shape, dtype=w_dtype, device=weight_VH.device) if need_w else None
+        )
         for r0, r1 in _tiles(N, block_rows):
             h_RH, ids_RK = hidden_NH[r0:r1], ids_NK[r0:r1]
             lse_R1, ent_R1 = lse_N[r0:r1, None], entropy_N[r0:r1, None]

@@ -89,40 +89,21 @@ def evaluate(rt: Runtime, teacher, cfg: OpdConfig, step: int) -> dict[str, float
 
 def run(cfg: OpdConfig) -> dict[str, float]:
     rt = Runtime(cfg)
-    teacher = build_engine(cfg.teacher_engine, cfg.teacher, rt.tokenizer) if rt.is_driver else None
-    last: dict[str, float] = {}
     try:
-        if rt.is_driver and cfg.data.eval_path and rt.start_step == 0:
-            rt.log(0, evaluate(rt, teacher, cfg, 0))
-        for step in range(rt.start_step + 1, cfg.num_steps + 1):
-            items, m, done = None, {}, []
-            if rt.is_driver and cfg.rollout.mode == "train_only":  # replay a dumped rollout batch
-                items = rt.load_dump(step)["items"]
-            elif rt.is_driver:
-                items, m, done = collect(rt, teacher, cfg, step)
-                if cfg.rollout.dump:
-                    rt.dump_items(step, items)
-            items = rt.share_items(items)
-            if cfg.rollout.mode != "rollout_only" and items:
-                with rt.timer("train"):
-                    m.update(rt.train(items, "opd"))
-                with rt.timer("sync"):
-                    m.update(rt.sync(step))
-                # the report's loss is the truncated reverse KL minus the entropy bonus; log the KL itself
-                m["distill/reverse_kl_topk"] = (
-                    m["train/loss"] + cfg.trainer.loss.entropy_coef * m["distill/entropy"]
-                )
-            if rt.is_driver:
-                rt.scheduler.advance(done)
-                rt.clean_rollouts(step)
-                if cfg.data.eval_path and (step % cfg.save_every == 0 or step == cfg.num_steps):
-                    with rt.timer("eval"):
-                        m.update(evaluate(rt, teacher, cfg, step))
-            rt.maybe_save(step, force=step == cfg.num_steps)
-            m.update(rt.timer.pop())
-            rt.log(step, m)
-            last = m
-        rt.export_final()
+        teacher = build_engine(cfg.teacher_engine, cfg.teacher, rt.tokenizer) if rt.is_driver else None
+
+        def kl(m: dict[str, float]) -> None:
+            # the loss is the truncated reverse KL minus the entropy bonus: log the KL itself
+            m["distill/reverse_kl_topk"] = (
+                m["train/loss"] + cfg.trainer.loss.entropy_coef * m["distill/entropy"]
+            )
+
+        last = rt.steps(
+            collect=lambda step: collect(rt, teacher, cfg, step),
+            evaluate=lambda step: evaluate(rt, teacher, cfg, step),
+            loss_kind="opd",
+            derive=kl,
+        )
         if rt.is_driver:
             rt.logger.plot(["distill/reverse_kl_topk", "eval/reverse_kl", "distill/teacher_token_coverage",
                             "distill/entropy"], "opd_curves.png")  # fmt: skip

@@ -113,9 +113,7 @@ class HarnessRewards:
         from reward.service import RewardService
 
         self.services = {
-            name: RewardService(
-                cfg.reward, BankReaderFactory(h, f"{run_dir}/reward_sandbox/{name}"), manifest=manifest
-            )
+            name: RewardService(cfg.reward, BankReaderFactory(h, run_dir), manifest=manifest)
             for name, h in cfg.harnesses.items()
         }
 
@@ -139,43 +137,19 @@ class HarnessRewards:
 def run(cfg: RlConfig) -> dict[str, float]:
     rt = Runtime(cfg, growth_bounds=cfg.reward.scoring.growth_bounds)
     reader_server = reward = None
-    last: dict[str, float] = {}
     try:
         if rt.is_driver:
             if cfg.local_reader:
                 reader_server = start_local_reader(rt, cfg)
             reward = HarnessRewards(cfg, rt.run_dir, rt.dataset.manifest)
-            if cfg.data.eval_path and rt.start_step == 0:
-                rt.log(0, evaluate(rt, reward, cfg, 0))
-        for step in range(rt.start_step + 1, cfg.num_steps + 1):
-            items, m, done = None, {}, []
-            if rt.is_driver and cfg.rollout.mode == "train_only":
-                items = rt.load_dump(step)["items"]
-            elif rt.is_driver:
-                items, m, done = collect(rt, reward, cfg, step)
-                if cfg.rollout.dump:
-                    rt.dump_items(step, items)
-            items = rt.share_items(items)
-            if cfg.rollout.mode != "rollout_only" and items:
-                with rt.timer("train"):
-                    m.update(rt.train(items, "ppo"))
-                with rt.timer("sync"):
-                    m.update(rt.sync(step))
-            if rt.is_driver:
-                rt.scheduler.advance(done)
-                rt.clean_rollouts(step)
-                if cfg.data.eval_path and (step % cfg.save_every == 0 or step == cfg.num_steps):
-                    with rt.timer("eval"):
-                        m.update(evaluate(rt, reward, cfg, step))
-            rt.maybe_save(step, force=step == cfg.num_steps)
-            m.update(rt.timer.pop())
-            rt.log(step, m)
-            last = m
-        rt.export_final()
+        last = rt.steps(
+            collect=lambda step: collect(rt, reward, cfg, step),
+            evaluate=lambda step: evaluate(rt, reward, cfg, step),
+            loss_kind="ppo",
+        )
         if rt.is_driver:
-            rt.logger.plot(
-                ["reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac"], "rl_curves.png"
-            )
+            rt.logger.plot(["reward/s", "reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac"],
+                           "rl_curves.png")  # fmt: skip
     finally:
         if reward is not None:
             reward.shutdown()

@@ -154,7 +154,7 @@ class Runtime:
 
     def open_harness(self, name: str):
         """A harness for bank housekeeping (promotion checks); no LLM endpoint needed."""
-        return BankReaderFactory(self.cfg.harnesses[name], self.run_dir / "lineage_sandbox")()
+        return BankReaderFactory(self.cfg.harnesses[name], self.run_dir)()
 
     # ---- rollouts ---------------------------------------------------------------------------------
     def rollout_tasks(
@@ -229,6 +229,47 @@ class Runtime:
     def maybe_save(self, step: int, force: bool = False) -> None:
         if force or step % self.cfg.save_every == 0:
             self.trainer.save(str(self.ckpt_dir), {"stage_step": step})
+
+    def steps(self, collect, evaluate, loss_kind: str, derive=None) -> dict[str, float]:
+        """The loop both stages share, one optimizer step per iteration:
+
+        collect (rank 0: rollouts and their scores -> train items) -> share with every rank -> train ->
+        sync weights -> advance the scheduler, held-out eval -> checkpoint -> log. `collect(step)` returns
+        (items, metrics, windows done); `evaluate(step)` returns metrics; `derive(metrics)` adds metrics
+        computed from the trainer's. Returns the last step's metrics.
+        """
+        cfg = self.cfg
+        last: dict[str, float] = {}
+        if self.is_driver and cfg.data.eval_path and self.start_step == 0:
+            self.log(0, evaluate(0))
+        for step in range(self.start_step + 1, cfg.num_steps + 1):
+            items, m, done = None, {}, []
+            if self.is_driver and cfg.rollout.mode == "train_only":  # replay a dumped rollout batch
+                items = self.load_dump(step)["items"]
+            elif self.is_driver:
+                items, m, done = collect(step)
+                if cfg.rollout.dump:
+                    self.dump_items(step, items)
+            items = self.share_items(items)
+            if cfg.rollout.mode != "rollout_only" and items:
+                with self.timer("train"):
+                    m.update(self.train(items, loss_kind))
+                with self.timer("sync"):
+                    m.update(self.sync(step))
+                if derive is not None:
+                    derive(m)
+            if self.is_driver:
+                self.scheduler.advance(done)
+                self.clean_rollouts(step)
+                if cfg.data.eval_path and (step % cfg.save_every == 0 or step == cfg.num_steps):
+                    with self.timer("eval"):
+                        m.update(evaluate(step))
+            self.maybe_save(step, force=step == cfg.num_steps)
+            m.update(self.timer.pop())
+            self.log(step, m)
+            last = m
+        self.export_final()
+        return last
 
     def export_final(self) -> Path:
         """Collective: the policy as an HF checkpoint in <run>/final (the next stage's init_checkpoint)."""

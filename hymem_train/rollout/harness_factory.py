@@ -12,8 +12,9 @@ from harnesses.registry import HarnessConfig, make_harness
 class BankReaderFactory:
     """`factory()` -> a harness of one configuration with no LLM endpoint (open / search / read only).
 
-    Shipped to Ray actors by value; each call gets its own sandbox directory, so two actors never
-    share a sandbox's files.
+    Shipped to Ray actors by value. The sandbox root is the run directory: a reader must reach every
+    rollout snapshot and promoted bank of the run (a rollout's own sandbox is confined to its rollout
+    directory); each call gets its own sandbox id, so two readers never share a sandbox's files.
     """
 
     def __init__(self, cfg: HarnessConfig, sandbox_root: str | os.PathLike[str]):
@@ -22,6 +23,6 @@ class BankReaderFactory:
 
     def __call__(self):
         sid = f"reader-{uuid.uuid4().hex[:8]}"
-        root = Path(self.sandbox_root) / sid
+        root = Path(self.sandbox_root)
         root.mkdir(parents=True, exist_ok=True)
         return make_harness(self.cfg, None, None, sandbox_root=root, sandbox_id=sid)

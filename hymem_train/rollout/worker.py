@@ -27,7 +27,7 @@ from typing import Any
 
 from data_pipeline.chunking import render_turn
 from data_pipeline.schema import Chunk, Window
-from harnesses.base import Endpoint, WriteResult, WriteStatus
+from harnesses.base import Endpoint, WriteResult, WriteStatus, fork_bank_dirs
 from harnesses.registry import HarnessConfig, make_harness
 from hymem_train.gateway.client import GatewayAdmin
 from hymem_train.segments import Segment
@@ -162,7 +162,9 @@ class RolloutWorker:
         t_write = 0.0
         try:
             if task.parent_bank:
-                harness.fork(task.parent_bank, [bank_dir])
+                # the parent lives outside this rollout's sandbox root: the rollout side copies it in
+                # (every adapter's fork is the directory copy), then the sandbox opens its own copy
+                fork_bank_dirs(Path(task.parent_bank), [bank_dir])
                 harness.open(bank_dir)
             else:
                 harness.open(bank_dir, create=True)

@@ -50,7 +50,7 @@ def _cmd(stage: str, a: dict, out: Path, *extra: str) -> list[str]:
         *COMMON,
     ]
     if stage == "opd":
-        base += ["+exp=demo_opd", f"teacher.path={a['teacher']}", "init_checkpoint=", f"data.eval_path={a['eval']}",
+        base += ["+exp=demo_opd", f"teacher.path={a['teacher']}", "init_checkpoint=",
                  "opd.num_rows_per_step=2"]  # fmt: skip
     else:
         base += ["+exp=demo_rl", f"reader_model.path={a['teacher']}", "rl.num_rollouts_per_window=2",

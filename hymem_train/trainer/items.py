@@ -1,0 +1,77 @@
+"""Segments -> TrainItems for the two stages: the joins where silent failures 2 and 3 live.
+
+Legend: T scored positions of a segment's full sequence (prompt + response), K teacher top-k,
+P prompt tokens, R response tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from hymem_train.segments import Segment
+from hymem_train.trainer.packing import TrainItem
+
+
+def _key(s: Segment) -> str:
+    return f"{s.trajectory_id}/{s.chunk_index}/{s.call_index}"
+
+
+def opd_items(segments: Sequence[Segment], teacher_topk: Sequence) -> list[TrainItem]:
+    """Attach the teacher's top-k (one `engines.base.TopKLogprobs` per segment, scored over the
+    segment's prompt + response) to the response positions: position P-1+j predicts response token j.
+
+    A missing or short teacher answer raises (silent failure 2: never distil against nothing).
+    """
+    if len(teacher_topk) != len(segments):
+        raise ValueError(
+            f"opd_items: {len(teacher_topk)} teacher answers for {len(segments)} segments (failure 2)"
+        )
+    out = []
+    for s, tk in zip(segments, teacher_topk, strict=True):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        if tk is None or tk.ids_TK is None or tk.ids_TK.numel() == 0:
+            raise ValueError(f"segment {_key(s)}: teacher returned no top-k (failure 2)")
+        ids_TK = np.asarray(tk.ids_TK)
+        lp_TK = np.asarray(tk.logprobs_TK, dtype=np.float32)
+        if ids_TK.shape[0] < P + R - 1 or ids_TK.shape != lp_TK.shape:
+            raise ValueError(
+                f"segment {_key(s)}: teacher top-k covers {ids_TK.shape[0]} positions, need {P + R - 1} "
+                f"(prompt {P} + response {R} - 1) (failure 2)"
+            )
+        out.append(
+            TrainItem(
+                segment=s,
+                teacher_topk_ids_RK=ids_TK[P - 1 : P - 1 + R],
+                teacher_topk_logprobs_RK=lp_TK[P - 1 : P - 1 + R],
+            )
+        )
+    return out
+
+
+def rl_items(
+    segments: Sequence[Segment], advantages: Mapping[tuple[str, int], float], sequence: str = "segment"
+) -> list[TrainItem]:
+    """Give each segment the advantage A[i, t] of its (trajectory, chunk) (report RL: every LLM call
+    of chunk t of rollout i shares A[i, t]).
+
+    `sequence` picks the aggregation unit of "mean over tokens within each sequence": "segment"
+    (one LLM call) or "trajectory" (all calls of one rollout). A segment whose (trajectory, chunk)
+    has no advantage raises (silent failure 3: never broadcast one score).
+    """
+    if sequence not in ("segment", "trajectory"):
+        raise ValueError(f"rl_items: sequence={sequence!r}, want 'segment' or 'trajectory'")
+    out = []
+    for s in segments:
+        k = (s.trajectory_id, s.chunk_index)
+        if s.chunk_index < 0 or k not in advantages:
+            raise ValueError(f"segment {_key(s)}: no advantage for trajectory/chunk {k} (failure 3)")
+        out.append(
+            TrainItem(
+                segment=s,
+                advantage=float(advantages[k]),
+                sequence_id=s.trajectory_id if sequence == "trajectory" else "",
+            )
+        )
+    return out

@@ -60,8 +60,9 @@ def reduce_metrics(results, scored) -> dict[str, float]:
     for g in scored:
         for k, v in g.metrics.items():
             per_group[k].append(v)
-    for k, vs in per_group.items():  # reward/* are means per group: average them over the step's groups
-        m[k] = float(np.mean(vs))
+    for k, vs in per_group.items():
+        # call and fault counters are sums over groups; the other reward/* are per-group means
+        m[k] = float(np.sum(vs)) if k.endswith(("_calls", "_faults", "_retries")) else float(np.mean(vs))
     return dict(m)
 
 

@@ -27,7 +27,7 @@ class LossConfig:
     ratio_source: str = (
         "rollout"  # "rollout": engine logprobs; "recompute": old policy forward before the update
     )
-    temperature: float = 1.0  # sampling temperature of the rollout engine (logits are divided by it)
+    temperature: float = 1.0  # logits divided by it; 1 matches the engines' raw logprobs (engines/base.py)
     block_rows: int = 4096  # chunked LM head tile: loss positions per row block
     block_vocab: int = 2048  # chunked LM head tile: vocab entries per block
     log_entropy: bool = False  # PPO/SFT: also compute the entropy (logging only, ~15% more loss-head time)

@@ -69,13 +69,15 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
         assert s["rollout/policy_error_chunks"] > 0
         # foreign identity: refused and counted by the gateway (failure 8)
         assert s["gateway/rejected_mismatch"] == 2
-        assert s["rollout/windows_done"] == 2
+        # a window whose every rollout lost cells to judge faults has no fully valid rollout: it is
+        # retried next step with its lineage unchanged, never promoted from a partly scored group
+        assert s["rollout/windows_done"] >= 1
     # promoted banks are intact: reopen each one from disk and check its known record (failure 1)
     from harnesses.native import NativeHarness
     from hymem_train.rollout.lineage import BankLineage
 
     lineage = BankLineage(out, lambda name: NativeHarness(None, _native_cfg()))
-    assert len(lineage.banks) == 4
+    assert len(lineage.banks) == sum(s["rollout/windows_done"] for s in steps) >= 2
     for b in lineage.banks.values():
         assert "r1" not in b.source_trajectory.rsplit("-", 1)[-1]  # the killed rollout is never promoted
         lineage.verify(b)

@@ -103,12 +103,16 @@ def _inputs(N=37, H=16, V=300, K=5, seed=0, dtype=torch.float64):
     return h, w, ids
 
 
-@pytest.mark.parametrize("chunk_rows", [1, 8, 37, 64])
+@pytest.mark.parametrize("blocks", [(1, 300), (8, 7), (37, 64), (64, 1000), (5, 1)])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_chunked_head_matches_naive_values_and_grads(chunk_rows, temperature):
+def test_chunked_head_matches_naive_values_and_grads(blocks, temperature):
     h, w, ids = _inputs()
     g = torch.Generator().manual_seed(1)
-    c_lse, c_g, c_ent = torch.randn(37, generator=g), torch.randn(37, 5, generator=g), torch.randn(37, generator=g)
+    c_lse, c_g, c_ent = (
+        torch.randn(37, generator=g),
+        torch.randn(37, 5, generator=g),
+        torch.randn(37, generator=g),
+    )
 
     def run(fn, **kw):
         hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
@@ -117,7 +121,7 @@ def test_chunked_head_matches_naive_values_and_grads(chunk_rows, temperature):
         ((lse * c_lse).sum() + (gat * c_g).sum() + (ent * c_ent).sum()).backward()
         return lse, gat, ent, hh.grad, ww.grad
 
-    ours = run(chunked_head, chunk_rows=chunk_rows)
+    ours = run(chunked_head, block_rows=blocks[0], block_vocab=blocks[1])
     ref = run(naive_head)
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=2e-5)  # fp32 inside
@@ -132,7 +136,7 @@ def test_opd_loss_through_chunked_head_matches_full_vocab(form):
 
     def ours():
         hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-        lse, zk, ent = chunked_head(hh, ww, t_ids, chunk_rows=6)
+        lse, zk, ent = chunked_head(hh, ww, t_ids, block_rows=6, block_vocab=33)
         loss = opd_token_loss(lse, zk, t_lp, ent, form=form).mean()
         loss.backward()
         return loss, hh.grad, ww.grad
@@ -164,7 +168,7 @@ def test_ppo_loss_through_chunked_head_matches_full_vocab():
 
     def ours():
         hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-        lse, zt, _ = chunked_head(hh, ww, tgt[:, None], chunk_rows=7, with_entropy=False)
+        lse, zt, _ = chunked_head(hh, ww, tgt[:, None], block_rows=7, block_vocab=40, with_entropy=False)
         loss = ppo_token_loss(zt[:, 0] - lse, old, adv, dual_clip=3.0)[0].mean()
         loss.backward()
         return loss, hh.grad, ww.grad
@@ -184,5 +188,21 @@ def test_chunked_head_rejects_bad_shapes():
     h, w, ids = _inputs()
     with pytest.raises(ValueError, match="ids"):
         chunked_head(h, w, ids[:3])
-    with pytest.raises(ValueError, match="chunk_rows"):
-        chunked_head(h, w, ids, chunk_rows=0)
+    with pytest.raises(ValueError, match="block_rows"):
+        chunked_head(h, w, ids, block_rows=0)
+
+
+def test_chunked_head_bf16_stays_close_to_fp32_reference():
+    # bf16 model (GPU path): logits from a bf16 matmul, softmax math and gradient sums in fp32
+    h, w, ids = _inputs(N=40, H=32, V=3000, K=3, dtype=torch.float32)
+    hb, wb = h.bfloat16().requires_grad_(), w.bfloat16().requires_grad_()
+    lse, gat, ent = chunked_head(hb, wb, ids, block_rows=16, block_vocab=128)
+    (lse.sum() - gat.sum() + ent.sum()).backward()
+    hr, wr = hb.detach().float().requires_grad_(), wb.detach().float().requires_grad_()
+    r_lse, r_gat, r_ent = naive_head(hr, wr, ids)
+    (r_lse.sum() - r_gat.sum() + r_ent.sum()).backward()
+    assert hb.grad.dtype == torch.bfloat16 and wb.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(lse, r_lse, rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(ent, r_ent, rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(hb.grad.float(), hr.grad, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(wb.grad.float(), wr.grad, rtol=5e-2, atol=5e-2)

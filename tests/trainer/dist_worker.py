@@ -1,0 +1,94 @@
+"""torchrun worker for the distributed trainer tests (not collected by pytest: no test_ prefix).
+
+    torchrun --nproc_per_node 2 tests/trainer/dist_worker.py --out /tmp/x --steps 2 --capacity 24
+
+Trains the tiny HYV3 model with ZeRO-3 on CPU/gloo on a deterministic data stream (step s uses
+seed 100 + s), writes per-step metrics (`<out>.json`) and the final full parameters (`<out>.pt`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from hymem_train.models.presets import build_model, make_config  # noqa: E402
+from hymem_train.trainer.engine import Trainer, TrainerConfig  # noqa: E402
+from hymem_train.trainer.losses import LossConfig  # noqa: E402
+from hymem_train.trainer.packing import PackingConfig, plan_step  # noqa: E402
+from hymem_train.trainer.weight_sync import iter_full_param_buckets  # noqa: E402
+from tests.trainer.helpers import make_items  # noqa: E402
+
+
+def step_items(step: int, vocab: int, kind: str, num_layers: int, num_experts: int, top_k: int):
+    items = make_items(8, vocab=vocab, seed=100 + step, kind=kind)
+    rng = np.random.default_rng(1000 + step)
+    for it in items:  # routes as an engine would report them: distinct experts, last token unrouted
+        T = it.segment.num_tokens
+        r = np.argsort(rng.random((T, num_layers, num_experts)), axis=-1)[..., :top_k].astype(np.int16)
+        r[-1] = -1
+        it.segment.routed_experts_TLK = r
+    return items
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--capacity", type=int, default=4096)
+    ap.add_argument("--max-segments", type=int, default=0)
+    ap.add_argument("--kind", default="ppo")
+    ap.add_argument("--ratio-source", default="rollout")
+    ap.add_argument("--save-dir", default="")
+    ap.add_argument("--load-dir", default="")
+    ap.add_argument("--lr", type=float, default=1.0)
+    ap.add_argument("--adam-eps", type=float, default=1.0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = build_model(make_config("tiny", attn_implementation="eager"), seed=0)
+    mc = model.config
+    # adam_eps >> sqrt(v) makes the AdamW update ~ lr * grad, so a wrongly scaled gradient shows in the
+    # weights (plain Adam is invariant to a global gradient scale and would hide it)
+    cfg = TrainerConfig(
+        lr=args.lr,
+        adam_eps=args.adam_eps,
+        max_grad_norm=0.0,
+        zero_persistence_threshold=0,  # partition every parameter, lm_head included, as at full scale
+        loss=LossConfig(kind=args.kind, ratio_source=args.ratio_source, block_rows=16, block_vocab=256),
+        packing=PackingConfig(
+            num_tokens_per_micro_batch=args.capacity, max_segments_per_micro_batch=args.max_segments
+        ),
+    )
+    tr = Trainer(cfg, model)
+    start = 0
+    if args.load_dir:
+        start = int(tr.load(args.load_dir)["data_cursor"])
+    records = []
+    for s in range(start, start + args.steps):
+        items = step_items(
+            s, mc.vocab_size, args.kind, mc.num_hidden_layers, mc.num_experts, mc.num_experts_per_tok
+        )
+        plan = plan_step(items, cfg.packing, args.kind, world_size=tr.world_size)
+        m = tr.train_step(plan[tr.rank])
+        m["num_micro_batches"] = len(plan[tr.rank])
+        records.append(m)
+    if args.save_dir:
+        tr.save(args.save_dir, {"data_cursor": start + args.steps})
+    full = {n: t for b in iter_full_param_buckets(model, 1 << 20) for n, t in b}
+    if tr.rank == 0:
+        torch.save(full, args.out + ".pt")
+        Path(args.out + ".json").write_text(json.dumps(records))
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main()

@@ -20,25 +20,19 @@ from hymem_train.config import CONFIG_DIR, to_typed
 from hymem_train.engines import build_engine
 from hymem_train.run_config import OpdConfig
 from hymem_train.runtime import Runtime, eval_tasks
+from hymem_train.trainer.items import opd_items
 from hymem_train.trainer.packing import TrainItem
 
 log = logging.getLogger(__name__)
 
 
 def teacher_items(results, teacher, k: int) -> list[TrainItem]:
-    """Teacher top-k over every segment of every usable rollout (platform failures are excluded)."""
+    """Teacher top-k over every segment of every usable rollout (platform failures are excluded);
+    `opd_items` raises on a missing or short teacher answer (silent failure 2)."""
     segs = [s for r in results if r.record.status != "platform_error" for s in r.segments]
     if not segs:
         return []
-    topk = teacher.topk_logprobs([s.input_ids for s in segs], k)
-    items = []
-    for s, tk in zip(segs, topk, strict=True):
-        P, R = len(s.prompt_ids), len(s.response_ids)
-        ids, lps = tk.ids_TK[P - 1 : P + R - 1].numpy(), tk.logprobs_TK[P - 1 : P + R - 1].numpy()
-        if ids.shape[0] != R or ids.shape[1] < k:  # silent failure 2: never train on a missing teacher
-            raise RuntimeError(f"teacher returned no top-{k} for segment {s.trajectory_id}/{s.chunk_index}")
-        items.append(TrainItem(s, teacher_topk_ids_RK=ids, teacher_topk_logprobs_RK=lps))
-    return items
+    return opd_items(segs, teacher.topk_logprobs([s.input_ids for s in segs], k))
 
 
 def collect(

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from hymem_train.config import CONFIG_DIR, to_typed
 from hymem_train.run_config import RlConfig
 from hymem_train.runtime import Runtime, eval_tasks
+from hymem_train.trainer.items import rl_items
 from hymem_train.trainer.packing import TrainItem
 from reward.records import RolloutGroup
 
@@ -40,15 +41,18 @@ def make_groups(rt: Runtime, windows, results, num_rollouts: int, dataset) -> li
 
 
 def advantage_items(results, scored, num_rollouts: int) -> list[TrainItem]:
-    """Every kept segment of every usable rollout with its chunk's advantage A[i, t]."""
-    items = []
+    """Every kept segment of every usable rollout with its chunk's advantage A[i, t]; `rl_items`
+    raises for a segment whose chunk has no advantage (silent failure 3)."""
+    adv: dict[tuple[str, int], float] = {}
+    segs = []
     for j, g in enumerate(scored):
         for i, r in enumerate(results[j * num_rollouts : (j + 1) * num_rollouts]):
             if r.record.status == "platform_error":
                 continue  # excluded from the group's statistics and from training (silent failure 7)
-            adv = g.segment_advantages(i, r.record.segment_chunks)  # raises on a missing chunk (failure 3)
-            items += [TrainItem(s, advantage=a) for s, a in zip(r.segments, adv, strict=True)]
-    return items
+            for t, c in enumerate(g.chunk_indices):
+                adv[(r.record.trajectory_id, c)] = g.scores.adv_GC[i][t]
+            segs += r.segments
+    return rl_items(segs, adv)
 
 
 def reduce_metrics(results, scored) -> dict[str, float]:

@@ -42,6 +42,7 @@ from data_pipeline.stats import Stats, compute, format_table
 from data_pipeline.stats import to_json as stats_json
 from data_pipeline.store import atomic_write_text, write_dataset
 from data_pipeline.synthetic import SyntheticConfig, SyntheticData, generate
+from hymem_train.config import RunConfig
 
 log = logging.getLogger(__name__)
 SOURCE_KINDS = ("locomo", "longmemeval", "jsonl", "synthetic")
@@ -73,6 +74,7 @@ class DataBuildConfig:
     out_dir: str  # output root: <out_dir>/<profile>/ per harness configuration
     annotator: AnnotatorConfig = field(default_factory=AnnotatorConfig)  # annotator endpoint (data.annotate)
     judge_validation: JudgeValidationConfig = field(default_factory=JudgeValidationConfig)  # item 5
+    run: RunConfig = field(default_factory=RunConfig)  # run name (experiments set it; `+exp=NAME`)
 
     def validate(self) -> None:
         from hymem_train.config import ConfigError

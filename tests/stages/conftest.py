@@ -45,6 +45,7 @@ def _cmd(stage: str, a: dict, out: Path, *extra: str) -> list[str]:
         sys.executable,
         "-m",
         f"hymem_train.{stage}",
+        f"data.eval_path={a['eval']}",
         f"data.path={a['train']}",
         f"run.output_dir={out}",
         *COMMON,

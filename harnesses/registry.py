@@ -59,7 +59,7 @@ FRAMEWORKS: dict[str, FrameworkSpec] = {
             "EverOS",
             "1.5.1",
             ("default",),
-            "",  # adapter not written yet: make_harness refuses it with a clear error
+            "harnesses.adapters.everos:EverOSHarness",
             "/root/.pyenv/versions/3.12.1/bin/python",
             held_out=True,
         ),

@@ -61,9 +61,9 @@ def test_every_framework_names_an_adapter_that_exists():
     """Each registered framework points at a real adapter class path (imported only inside its sandbox)."""
     from pathlib import Path
 
-    import harnesses
+    from harnesses import registry
 
-    root = Path(harnesses.__file__).resolve().parent.parent
+    root = Path(registry.__file__).resolve().parent.parent
     for name, spec in FRAMEWORKS.items():
         mod, _, cls = spec.adapter.partition(":")
         assert mod and cls, f"{name}: adapter {spec.adapter!r} is not 'module:Class'"

@@ -127,6 +127,8 @@ class Runtime:
             self.scheduler = WindowScheduler(
                 self.dataset.windows, list(cfg.harnesses), self.run_dir, growth_bounds=growth_bounds
             )
+            if "scheduler" in self.client_state:  # the cursor that belongs to the loaded checkpoint
+                self.scheduler.restore(self.client_state["scheduler"])
             self.lineage = BankLineage(self.run_dir, self.open_harness)
             if cfg.rollout.mode != "train_only":
                 worker_kwargs = dict(
@@ -227,8 +229,17 @@ class Runtime:
         return self.trainer.sync_weights(receivers, version)
 
     def maybe_save(self, step: int, force: bool = False) -> None:
-        if force or step % self.cfg.save_every == 0:
-            self.trainer.save(str(self.ckpt_dir), {"stage_step": step})
+        if not (force or step % self.cfg.save_every == 0):
+            return
+        # the scheduler cursor travels inside the checkpoint (rank 0 owns it; every rank saves)
+        state = self.scheduler.state() if self.is_driver else None
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            box = [state]
+            dist.broadcast_object_list(box, src=0)
+            state = box[0]
+        self.trainer.save(str(self.ckpt_dir), {"stage_step": step, "scheduler": state})
 
     def steps(self, collect, evaluate, loss_kind: str, derive=None) -> dict[str, float]:
         """The loop both stages share, one optimizer step per iteration:

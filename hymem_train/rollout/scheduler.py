@@ -70,6 +70,15 @@ class WindowScheduler:
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.manifest_path, json.dumps(self.manifest, indent=1, sort_keys=True))
 
+    def state(self) -> dict:
+        """The cursor, saved inside each training checkpoint: a resumed run restores the cursor of the
+        checkpoint it loads, not the newer one a killed step may have written to scheduler.json."""
+        return {"cursor": dict(self.cursor), "epoch": dict(self.epoch), "rr": self.rr}
+
+    def restore(self, st: dict) -> None:
+        self.cursor, self.epoch, self.rr = dict(st["cursor"]), dict(st["epoch"]), int(st["rr"])
+        atomic_write_text(self.state_path, json.dumps(self.state()))
+
     def next_windows(self, num_windows: int) -> list[ScheduledWindow]:
         """Up to `num_windows` windows of distinct sequences, round-robin."""
         out = []
@@ -92,7 +101,5 @@ class WindowScheduler:
                 self.epoch[seq] += 1
                 wrapped.append(seq)
         self.rr = (self.rr + len(done)) % len(self.sequences)
-        atomic_write_text(
-            self.state_path, json.dumps({"cursor": self.cursor, "epoch": self.epoch, "rr": self.rr})
-        )
+        atomic_write_text(self.state_path, json.dumps(self.state()))
         return wrapped

@@ -148,3 +148,18 @@ def test_scheduler_binds_sequences_reconciles_and_resumes(synth_ds, tmp_path):
         WindowScheduler(ws, ["native", "native_b", "mem0"], tmp_path / "other")
     with pytest.raises(ScheduleError, match="growth_bounds"):
         WindowScheduler(ws, ["native", "native_b"], tmp_path / "x", growth_bounds={"native": 1})
+
+
+def test_scheduler_state_restores_an_older_cursor(synth_ds, tmp_path):
+    """A kill between a step's scheduler write and its checkpoint: the resumed run restores the cursor
+    saved in the checkpoint it loads, so no window is skipped."""
+    ws = synth_ds.windows
+    s = WindowScheduler(ws, ["native"], tmp_path)
+    s.advance(s.next_windows(8))
+    saved = s.state()  # what checkpoint step 1 holds
+    s.advance(s.next_windows(8))  # step 2 advanced, then the run was killed before its checkpoint
+    resumed = WindowScheduler(ws, ["native"], tmp_path)
+    assert {sw.window.index for sw in resumed.next_windows(8)} == {0} and resumed.epoch != saved["epoch"]
+    resumed.restore(saved)
+    assert {sw.window.index for sw in resumed.next_windows(8)} == {1}
+    assert WindowScheduler(ws, ["native"], tmp_path).state() == saved  # restore is persisted

@@ -29,7 +29,7 @@ test-fast: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: setup
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline HF_DATASETS_DISABLE_PROGRESS_BARS=1 $(PY) scripts/demo.py
 
 demo-gateway: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py --gateway-only

@@ -113,12 +113,12 @@ class HarnessRewards:
     """One reward service per declared harness configuration (a reward actor searches banks through one
     harness); groups are routed by their harness and results come back in group order."""
 
-    def __init__(self, cfg: RlConfig, run_dir, manifest):
+    def __init__(self, cfg: RlConfig, run_dir, manifest, embedder=None):
         from hymem_train.rollout.harness_factory import BankReaderFactory
         from reward.service import RewardService
 
         self.services = {
-            name: RewardService(cfg.reward, BankReaderFactory(h, run_dir), manifest=manifest)
+            name: RewardService(cfg.reward, BankReaderFactory(h, run_dir, embedder), manifest=manifest)
             for name, h in cfg.harnesses.items()
         }
 
@@ -146,7 +146,7 @@ def run(cfg: RlConfig) -> dict[str, float]:
         if rt.is_driver:
             if cfg.local_reader:
                 reader_server = start_local_reader(rt, cfg)
-            reward = HarnessRewards(cfg, rt.run_dir, rt.dataset.manifest)
+            reward = HarnessRewards(cfg, rt.run_dir, rt.dataset.manifest, rt.reader_embedder)
         last = rt.steps(
             collect=lambda step: collect(rt, reward, cfg, step),
             evaluate=lambda step: evaluate(rt, reward, cfg, step),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harnesses.base import Endpoint
 from harnesses.registry import HarnessConfig
 from hymem_train.config import ClusterConfig, LoggingConfig, RunConfig, to_yaml
 from hymem_train.engines import EngineConfig, build_engine
@@ -124,6 +125,11 @@ class Runtime:
             self.trainer.sync_weights([self.engine], version=self.start_step)
             self.gateway = Gateway(self.engine, self.tokenizer, cfg.gateway)
             self.server = GatewayServer(self.gateway).start()
+            # bank readers (reward actors, lineage checks) embed queries through the gateway under an
+            # identity of their own that never declares a chunk, so it can never record a segment
+            self.reader_embedder = Endpoint(
+                self.server.base_url, self.gateway.register("bank-readers", bank_id="*"), "all-MiniLM-L6-v2"
+            )
             self.scheduler = WindowScheduler(
                 self.dataset.windows, list(cfg.harnesses), self.run_dir, growth_bounds=growth_bounds
             )
@@ -156,7 +162,7 @@ class Runtime:
 
     def open_harness(self, name: str):
         """A harness for bank housekeeping (promotion checks); no LLM endpoint needed."""
-        return BankReaderFactory(self.cfg.harnesses[name], self.run_dir)()
+        return BankReaderFactory(self.cfg.harnesses[name], self.run_dir, self.reader_embedder)()
 
     # ---- rollouts ---------------------------------------------------------------------------------
     def rollout_tasks(

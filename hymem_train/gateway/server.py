@@ -134,6 +134,7 @@ class Gateway:
         @app.exception_handler(ApiError)
         async def _api_error(_: Request, e: ApiError):
             self.counters["bad_request"] += 1
+            log.warning("gateway refused a request (%s, HTTP %d): %s", e.code, e.status, e.message)
             return _error(e.status, e.message, e.code, e.type, e.param)
 
         @app.exception_handler(IdentityError)

@@ -6,6 +6,7 @@ import os
 import uuid
 from pathlib import Path
 
+from harnesses.base import Endpoint
 from harnesses.registry import HarnessConfig, make_harness
 
 
@@ -17,12 +18,15 @@ class BankReaderFactory:
     directory); each call gets its own sandbox id, so two readers never share a sandbox's files.
     """
 
-    def __init__(self, cfg: HarnessConfig, sandbox_root: str | os.PathLike[str]):
+    def __init__(
+        self, cfg: HarnessConfig, sandbox_root: str | os.PathLike[str], embedder: Endpoint | None = None
+    ):
         self.cfg = cfg
         self.sandbox_root = str(sandbox_root)
+        self.embedder = embedder  # frameworks that search by vector (mem0, MemoryOS, ...) need one
 
     def __call__(self):
         sid = f"reader-{uuid.uuid4().hex[:8]}"
         root = Path(self.sandbox_root)
         root.mkdir(parents=True, exist_ok=True)
-        return make_harness(self.cfg, None, None, sandbox_root=root, sandbox_id=sid)
+        return make_harness(self.cfg, None, self.embedder, sandbox_root=root, sandbox_id=sid)

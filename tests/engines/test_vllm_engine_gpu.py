@@ -30,7 +30,9 @@ def test_vllm_generate_routes_topk_and_weight_sync(ckpt):
     from hymem_train.models.tokenizer import default_tokenizer
 
     tok = default_tokenizer()
-    eng = VLLMEngine(str(ckpt), [tok.eos_token_id], max_model_len=512, gpu_memory_utilization=0.3, dtype="float32")
+    eng = VLLMEngine(
+        str(ckpt), [tok.eos_token_id], max_model_len=512, gpu_memory_utilization=0.3, dtype="float32"
+    )
     prompt = tok.encode("Alice's dog is named Rex.")
     (out,) = eng.generate([prompt], [SamplingParams(max_tokens=8, temperature=0)])
     assert len(out.logprobs) == len(out.response_ids) > 0

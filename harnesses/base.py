@@ -212,6 +212,25 @@ def check_bank_matches(bank_dir: Path, expected: BankMetadata) -> BankMetadata:
     return found
 
 
+def open_or_create_bank_dir(
+    bank_dir: Path, expected: BankMetadata, create: bool
+) -> tuple[BankMetadata, bool]:
+    """The bank-directory half of every adapter's `open`: an existing bank must match `expected`
+    (framework, scene, version, config; otherwise it is refused untouched), a new one is created
+    only on request and only in an empty directory. Returns (metadata, created)."""
+    bank_dir = Path(bank_dir)
+    if read_bank_meta(bank_dir) is not None:
+        return check_bank_matches(bank_dir, expected), False
+    if not create:
+        raise BankStateError(f"{bank_dir}: no bank here (pass create=True for a new one)")
+    if bank_dir.exists() and any(bank_dir.iterdir()):
+        raise BankStateError(f"{bank_dir}: not empty and not a bank; refusing to create one in it")
+    bank_dir.mkdir(parents=True, exist_ok=True)
+    meta = dataclasses.replace(expected, bank_id=new_bank_id())
+    write_json_atomic(bank_dir / BANK_META_FILE, meta.to_json())
+    return meta, True
+
+
 class BankLock:
     """An exclusive flock on `<bank>/bank.lock` held while the bank is open.
 

@@ -43,13 +43,10 @@ from harnesses.base import (
     MemoryEntry,
     WriteResult,
     WriteStatus,
-    check_bank_matches,
     checked_read_all,
     config_hash,
-    new_bank_id,
-    read_bank_meta,
+    open_or_create_bank_dir,
     validate_messages,
-    write_json_atomic,
 )
 from harnesses.callcount import COUNTER
 
@@ -173,16 +170,7 @@ class Mem0Harness(Harness):
             raise BankStateError(f"{self._bank_dir}: this harness already has a bank open")
         bank_dir = Path(bank_dir)
         expected = self._expected_meta()
-        if read_bank_meta(bank_dir) is None:
-            if not create:
-                raise BankStateError(f"{bank_dir}: no bank here (pass create=True for a new one)")
-            if bank_dir.exists() and any(bank_dir.iterdir()):
-                raise BankStateError(f"{bank_dir}: not empty and not a bank; refusing to create one in it")
-            bank_dir.mkdir(parents=True, exist_ok=True)
-            meta = dataclasses.replace(expected, bank_id=new_bank_id())
-            write_json_atomic(bank_dir / "bank.json", meta.to_json())
-        else:
-            meta = check_bank_matches(bank_dir, expected)
+        meta, _ = open_or_create_bank_dir(bank_dir, expected, create)
         lock = BankLock(bank_dir)
         lock.acquire()
         try:

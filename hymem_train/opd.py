@@ -101,8 +101,10 @@ def run(cfg: OpdConfig) -> dict[str, float]:
         if rt.is_driver:
             rt.logger.plot(["distill/reverse_kl_topk", "eval/reverse_kl", "distill/teacher_token_coverage",
                             "distill/entropy"], "opd_curves.png")  # fmt: skip
-    finally:
-        rt.close()
+    except BaseException:
+        rt.close(failed=True)
+        raise
+    rt.close()
     return last
 
 

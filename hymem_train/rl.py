@@ -155,13 +155,20 @@ def run(cfg: RlConfig) -> dict[str, float]:
         if rt.is_driver:
             rt.logger.plot(["reward/s", "reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac"],
                            "rl_curves.png")  # fmt: skip
-    finally:
-        if reward is not None:
-            reward.shutdown()
-        if reader_server is not None:
-            reader_server.stop()
-        rt.close()
+    except BaseException:
+        _stop(reward, reader_server)
+        rt.close(failed=True)
+        raise
+    _stop(reward, reader_server)
+    rt.close()
     return last
+
+
+def _stop(reward, reader_server) -> None:
+    if reward is not None:
+        reward.shutdown()
+    if reader_server is not None:
+        reader_server.stop()
 
 
 def start_local_reader(rt: Runtime, cfg: RlConfig):

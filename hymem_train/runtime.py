@@ -306,13 +306,15 @@ class Runtime:
             metrics["gateway/mean_batch_size"] = now["gateway/mean_batch_size"]
             self.logger.log(step, metrics)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """`failed`: this rank is leaving on an exception; its peers may not reach a barrier."""
         if self.pool is not None:
             self.pool.shutdown()
         if self.server is not None:
             self.server.stop()
         if self.is_driver:
             self.logger.finish()
+        self.trainer.close(barrier=not failed)
 
 
 def eval_tasks(rt: Runtime, dataset, num_rollouts: int, step: int, harness: str) -> list[RolloutTask]:

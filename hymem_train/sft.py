@@ -122,6 +122,7 @@ def run(cfg: SftConfig) -> dict[str, float]:
     if cursor < len(steps):
         trainer.save(str(ckpt_dir), {"data_cursor": len(steps)})
     export_hf(trainer, cfg, out_dir / "final")
+    trainer.close()
     return metrics
 
 

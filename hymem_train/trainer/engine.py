@@ -211,6 +211,19 @@ class Trainer:
         self.step = int(state["step"])
         return state
 
+    def close(self, barrier: bool = True) -> None:
+        """Collective (unless `barrier=False`, for a rank that is failing alone). Tears the
+        process group down before the interpreter exits.
+
+        Left to interpreter shutdown, gloo's transport threads can be destroyed while still
+        joinable, and a rank then dies with 'terminate called without an active exception'
+        (SIGABRT) after its work is done, failing the whole torchrun job (seen in CI, 2 ranks).
+        """
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            if barrier:
+                torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
     def sync_weights(self, receivers: list, version: int, cfg=None) -> dict[str, float]:
         """Collective. Pushes the HF model's weights to `receivers` from rank 0 in buckets."""
         from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights

@@ -9,6 +9,7 @@ seed 100 + s), writes per-step metrics (`<out>.json`) and the final full paramet
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1.0)
     ap.add_argument("--adam-eps", type=float, default=1.0)
     args = ap.parse_args()
+    faulthandler.enable(all_threads=True)  # a rank that aborts prints every thread's Python stack
     torch.set_num_threads(1)
     model = build_model(make_config("tiny", attn_implementation="eager"), seed=0)
     mc = model.config
@@ -87,7 +89,7 @@ def main() -> None:
     if tr.rank == 0:
         torch.save(full, args.out + ".pt")
         Path(args.out + ".json").write_text(json.dumps(records))
-    torch.distributed.barrier()
+    tr.close()
 
 
 if __name__ == "__main__":

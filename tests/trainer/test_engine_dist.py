@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,25 @@ def _free_port() -> int:
 def run_worker(nproc: int, out: Path, *args: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    for _attempt in range(2):
+    for attempt in range(3):
         cmd = [str(torchrun), "--nproc_per_node", str(nproc), "--master_port", str(_free_port()), str(WORKER)]
         cmd += ["--out", str(out), *args]
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        # the free port can be taken between _free_port() and torchrun's bind (shared box): retry only that
-        if res.returncode == 0 or "Address already in use" not in res.stderr:
+        # Retried, and only these: the free port taken between _free_port() and torchrun's bind (shared
+        # box), and a rank aborted by the C++ runtime ('terminate called without an active exception',
+        # SIGABRT; seen in CI on 2 ranks, never reproduced here; the worker now destroys its process
+        # group and dumps thread stacks on abort). A retried run must still produce the same numbers.
+        flaky = (
+            "Address already in use" in res.stderr
+            or "terminate called without an active exception" in res.stderr
+        )
+        if res.returncode == 0 or not flaky:
             break
+        Path(f"{out}.attempt{attempt}.log").write_text(res.stdout + "\n" + res.stderr)
+        warnings.warn(
+            f"torchrun worker retried after a known launcher/runtime fault: {out}.attempt{attempt}.log",
+            stacklevel=2,
+        )
     if res.returncode != 0:
         Path(f"{out}.log").write_text(res.stdout + "\n" + res.stderr)
         raise AssertionError(f"worker failed ({' '.join(cmd)}):\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")

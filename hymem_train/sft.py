@@ -90,9 +90,21 @@ def step_batches(segments: list[Segment], cfg: SftConfig) -> list[list[Segment]]
     return steps[: cfg.max_steps] if cfg.max_steps else steps
 
 
+def persistent_buffers(model) -> dict:
+    """The model's persistent buffers (HYV3's router `e_score_correction_bias`), which ZeRO-3 does not
+    partition: without them the export loads with MISSING keys, silently re-initialised to zeros."""
+    out = {}
+    for mod_name, mod in model.named_modules():
+        for name, buf in mod._buffers.items():
+            if buf is not None and name not in mod._non_persistent_buffers_set:
+                out[f"{mod_name}.{name}" if mod_name else name] = buf.detach().cpu().clone()
+    return out
+
+
 def export_hf(trainer: Trainer, cfg: SftConfig, out: Path) -> None:
     """Collective (gathers ZeRO-3 shards); rank 0 writes `out` via a temp dir and a rename."""
     full = {n: t for bucket in iter_full_param_buckets(trainer.model, 256 << 20) for n, t in bucket}
+    full.update(persistent_buffers(trainer.model))
     if trainer.rank == 0:
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -111,7 +111,11 @@ def _synthetic_domain_lines(rng: random.Random, n: int) -> list[str]:
             f"user: {f}: {rng.choice(GREETINGS).format(p=p)}\nuser: {p}: {say.format(v=v)}\n"
             f"user: {p}: {chit.format(v=rng.choice(vals))}\nuser: {f}: {rng.choice(REPLIES)}"
         )
-        out.append(json.dumps({"ops": [{"op": rng.choice(["ADD", "UPDATE"]), "id": rng.randint(1, 9), "text": fact}]}))
+        out.append(
+            json.dumps(
+                {"ops": [{"op": rng.choice(["ADD", "UPDATE"]), "id": rng.randint(1, 9), "text": fact}]}
+            )
+        )
         out.append(f"[{rng.randint(1, 9)}] (2023-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}) {fact}")
         out.append(f"Question: {rng.choice([slot.ask.format(p=p), trap_q.format(p=p)])} {v}")
     return out

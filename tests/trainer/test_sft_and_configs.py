@@ -97,7 +97,10 @@ def test_sft_entry_point_trains_resumes_and_exports(tmp_path):
     import torch
     from transformers import HYV3ForCausalLM
 
-    m = HYV3ForCausalLM.from_pretrained(tmp_path / "run" / "final", local_files_only=True)
+    m, info = HYV3ForCausalLM.from_pretrained(
+        tmp_path / "run" / "final", local_files_only=True, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info  # router bias buffers included
     assert (tmp_path / "run" / "final" / "tokenizer.json").exists() or any(
         (tmp_path / "run" / "final").glob("tok*")
     )

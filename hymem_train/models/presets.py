@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import HYV3Config, HYV3ForCausalLM
 
-# Shipped tokenizer (852 tokens, hymem_train/assets/tokenizer) rounded up to a multiple of 64.
+# = the shipped tokenizer's size (hymem_train/assets/tokenizer: BPE capped at 896, a multiple of 64).
 TINY_VOCAB = 896
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -139,6 +139,7 @@ def run_demo(
     root: str | Path = "runs/demo",
     *,
     num_train_sequences: int = 24,
+    num_eval_sequences: int = 8,
     teacher_epochs: int = 12,
     student_epochs: int = 8,
     extra: dict[str, list[str]] | None = None,
@@ -158,7 +159,9 @@ def run_demo(
     train = build_data(
         root / "data" / "train", num_sequences=num_train_sequences, num_chunks=6, window=3, seed=0
     )
-    held = build_data(root / "data" / "eval", num_sequences=3, num_chunks=3, window=3, seed=1000)
+    held = build_data(
+        root / "data" / "eval", num_sequences=num_eval_sequences, num_chunks=3, window=3, seed=1000
+    )
     timings["data"] = time.perf_counter() - t0
 
     print("[2/5] oracle demonstrations through the native harness -> SFT data", flush=True)
@@ -202,7 +205,7 @@ def run_demo(
          root / "logs" / "rl.log")  # fmt: skip
     timings["rl"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
-    counts["train_sequences"] = num_train_sequences
+    counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
     return write_report(root, counts, timings)
 
 
@@ -216,7 +219,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
     lines = [
         "# hymem-train CPU demo report",
         "",
-        f"data: {counts['train_sequences']} training sequences x 6 chunks (windows of 3), 3 held-out sequences; "
+        f"data: {counts['train_sequences']} training sequences x 6 chunks (windows of 3), {counts['eval_sequences']} held-out sequences; "
         f"{counts['writer_segments']} oracle writer segments + {counts['reader_examples']} reader examples for SFT",
         "",
         "## OPD (student: 3 layers, hidden 96 <- teacher: 4 layers, hidden 128)",

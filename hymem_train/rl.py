@@ -90,15 +90,17 @@ def collect(rt: Runtime, reward, cfg: RlConfig, step: int):
 
 
 def evaluate(rt: Runtime, reward, cfg: RlConfig, step: int) -> dict[str, float]:
-    """Held-out sequences: mean per-chunk reward terms of 2 rollouts per first window, from empty banks."""
+    """Held-out sequences: mean per-chunk reward terms of `rl.num_eval_rollouts` rollouts per first
+    window, from empty banks."""
     from data_pipeline.store import BuiltDataset
     from hymem_train.rollout.scheduler import ScheduledWindow
 
     ds = BuiltDataset(cfg.data.eval_path)
     harness = next(iter(cfg.harnesses))
-    results = rt.run_rollouts(eval_tasks(rt, ds, 2, step, harness))
+    n = cfg.rl.num_eval_rollouts
+    results = rt.run_rollouts(eval_tasks(rt, ds, n, step, harness))
     firsts = [ScheduledWindow(w, harness, -1) for w in ds.windows if w.index == 0]
-    scored = reward.score_groups(make_groups(rt, firsts, results, 2, ds))
+    scored = reward.score_groups(make_groups(rt, firsts, results, n, ds))
     vals = defaultdict(list)
     for g in scored:
         s = g.scores

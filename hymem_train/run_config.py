@@ -32,6 +32,10 @@ class RlAlgoConfig:
     num_windows_per_step: int = 64  # report: 64 windows x 8 rollouts = 512 trajectories
     max_chunks_per_window: int = 5  # report: windows of at most 5 chunks
     init_from_opd_step: int = 375  # report: RL starts from OPD step 375
+    # held-out evaluation: sampled rollouts of the first window of every eval sequence, from an empty bank
+    # (the mean per-chunk score over few cells is noise: 3 sequences x 3 chunks x 2 rollouts moved by
+    # one probe per cell)
+    num_eval_rollouts: int = 2
 
 
 @dataclass
@@ -72,6 +76,10 @@ class RlConfig(StageConfig):
         self.reward.validate()
         if self.trainer.loss.kind != "ppo":
             raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the RL stage needs 'ppo'")
+        if self.rl.num_eval_rollouts < 1 or self.rl.num_rollouts_per_window < 2:
+            raise ValueError(
+                "rl.num_eval_rollouts must be >= 1 and rl.num_rollouts_per_window >= 2 (GRPO groups)"
+            )
         missing = sorted(set(self.harnesses) - set(self.reward.scoring.growth_bounds))
         if missing:  # silent failure 4, caught before any work
             raise ValueError(f"reward.scoring.growth_bounds has no bounds for declared harness(es) {missing}")

@@ -66,6 +66,9 @@ class HyMemoryOptions:
     embedding_dims: int = 384  # MiniLM-L6 width served by the gateway's /v1/embeddings
     temperature: float = 1.0  # hy-memory's default 0.1 would not be on-policy sampling
     mode: str = "pro"  # lite stores raw only (no policy), ultra needs a graph store
+    # response budget of each of its LLM calls (MEMORY_AGENT_MAX_TOKENS; hy-memory's default 2000;
+    # the report's response budget is 4,096)
+    agent_max_tokens: int = 4096
 
 
 def _unfence(text: str) -> str:
@@ -177,6 +180,7 @@ class HyMemoryHarness(Harness):
             "MEMORY_LLM_API_KEY": llm.api_key,
             "MEMORY_LLM_MODEL": llm.model,
             "MEMORY_LLM_TEMPERATURE": str(self.opts.temperature),
+            "MEMORY_AGENT_MAX_TOKENS": str(self.opts.agent_max_tokens),
             "MEMORY_LLM_TIMEOUT": str(int(llm.timeout_s)),
             # one attempt: platform retries are the sandbox client's (bank restored first), and a
             # hidden framework retry would add segments the gateway cannot attribute

@@ -122,7 +122,6 @@ class Runtime:
         if self.is_driver:
             self._ray_init()
             self.engine = build_engine(cfg.engine, model_cfg, self.tokenizer)
-            self.trainer.sync_weights([self.engine], version=self.start_step)
             self.gateway = Gateway(self.engine, self.tokenizer, cfg.gateway)
             self.server = GatewayServer(self.gateway).start()
             # bank readers (reward actors, lineage checks) embed queries through the gateway under an
@@ -147,6 +146,9 @@ class Runtime:
                     num_cpus_per_worker=cfg.rollout.num_cpus_per_worker,
                 )  # fmt: skip
             self.logger = MetricsLogger(cfg.logging, self.run_dir, cfg.run.name)
+        # collective (ZeRO-3 gathers every shard): every rank, not only the one that owns the engine;
+        # called from rank 0 alone it waits forever for the others (found by a 2-rank torchrun run)
+        self.trainer.sync_weights([self.engine] if self.is_driver else [], version=self.start_step)
         torch.manual_seed(cfg.run.seed + self.start_step)
 
     def _ray_init(self) -> None:

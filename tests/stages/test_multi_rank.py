@@ -1,0 +1,54 @@
+"""Both stages under torchrun with 2 ranks (ZeRO-3 over gloo on CPU) reproduce the 1-rank run.
+
+Rank 0 drives rollouts, teacher and reward and broadcasts the step's train items; every rank trains
+on its share and joins every collective (the initial weight sync included: called from rank 0 alone
+it hung until gloo's 10-minute timeout, a bug this test was written against)."""
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def _torchrun(cmd: list[str]) -> list[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cmd[:2] == [sys.executable, "-m"]
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    return [torchrun, "--nproc_per_node", "2", "--master_port", str(port), *cmd[1:]]
+
+
+def _same_run(stage, one: Path, two: Path, keys: tuple[str, ...]) -> None:
+    a, b = stage.metrics(one), stage.metrics(two)
+    assert set(a) == set(b) and len(a) >= 3
+    for step in a:
+        for k in keys:
+            if k in a[step]:
+                assert b[step][k] == pytest.approx(a[step][k], rel=1e-5, abs=1e-7), (step, k)
+    wa, wb = load_file(one / "final" / "model.safetensors"), load_file(two / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert (wa[k] - wb[k]).abs().max().item() < 1e-5, k
+
+
+def test_two_rank_opd_and_rl_reproduce_one_rank(assets, stage, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    root = assets["root"]
+    opd_args = ("num_steps=2", "save_every=1")
+    stage.run(stage.cmd("opd", assets, root / "opd_r1", *opd_args), root / "opd_r1.log")
+    stage.run(_torchrun(stage.cmd("opd", assets, root / "opd_r2", *opd_args)), root / "opd_r2.log")
+    _same_run(stage, root / "opd_r1", root / "opd_r2",
+              ("train/loss", "train/grad_norm", "train/num_loss_tokens", "eval/reverse_kl", "rollout/segments"))  # fmt: skip
+    assert stage.metrics(root / "opd_r1")[1]["train/grad_norm"] > 0  # the runs really trained
+
+    rl_args = ("num_steps=2", "save_every=1", f"init_checkpoint={root / 'opd_r1'}/final")
+    stage.run(stage.cmd("rl", assets, root / "rl_r1", *rl_args), root / "rl_r1.log")
+    stage.run(_torchrun(stage.cmd("rl", assets, root / "rl_r2", *rl_args)), root / "rl_r2.log")
+    _same_run(stage, root / "rl_r1", root / "rl_r2",
+              ("train/loss", "train/grad_norm", "train/num_loss_tokens", "reward/s", "eval/s"))  # fmt: skip

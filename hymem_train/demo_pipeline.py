@@ -216,6 +216,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
     rew = first_last(rl, "eval/s")
     prm = first_last(rl, "eval/prm")
     rew_train = first_last(rl, "reward/s")
+    zadv = [r["reward/zero_advantage_share"] for r in rl if "reward/zero_advantage_share" in r]
     lines = [
         "# hymem-train CPU demo report",
         "",
@@ -234,6 +235,8 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         "- held-out mean prm[t]: " + (f"{prm[0]:.3f} -> {prm[1]:.3f}" if prm else "n/a"),
         "- training mean s[t]: "
         + (f"{rew_train[0]:.3f} (step 1) -> {rew_train[1]:.3f}" if rew_train else "n/a"),
+        "- share of scored training cells with advantage 0 (no GRPO signal), mean over steps: "
+        + (f"{sum(zadv) / len(zadv):.2f}" if zadv else "n/a"),
         "",
         "## time (s)",
         ", ".join(f"{k} {v:.0f}" for k, v in timings.items()),

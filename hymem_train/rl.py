@@ -155,7 +155,8 @@ def run(cfg: RlConfig) -> dict[str, float]:
             loss_kind="ppo",
         )
         if rt.is_driver:
-            rt.logger.plot(["reward/s", "reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac"],
+            rt.logger.plot(["reward/s", "reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac",
+                            "reward/zero_advantage_share"],
                            "rl_curves.png")  # fmt: skip
     except BaseException:
         _stop(reward, reader_server)

@@ -39,6 +39,9 @@ M_EXCL_PROBES = "reward/excluded_probe_share"  # faulted probes / probes of vali
 M_EXCL_QUESTIONS = "reward/excluded_question_share"  # faulted ORM questions / questions of valid rollouts
 M_EXCL_ROLLOUTS = "reward/excluded_rollout_share"  # platform-failed rollouts / rollouts
 M_EXCL_CELLS = "reward/excluded_cell_share"  # invalid (rollout, chunk) cells / all cells
+# valid cells whose advantage is exactly 0 (their chunk column scored alike, or had < 2 valid votes):
+# cells that teach the policy nothing. Near 1 means GRPO has no signal, whatever the reward's level.
+M_ZERO_ADV = "reward/zero_advantage_share"
 
 
 @dataclass
@@ -210,5 +213,6 @@ def score_group(
         M_EXCL_QUESTIONS: n_q_faults / n_q if n_q else 0.0,
         M_EXCL_ROLLOUTS: n_failed / len(rollouts),
         M_EXCL_CELLS: 1.0 - len(cells) / (len(rollouts) * C) if C else 0.0,
+        M_ZERO_ADV: _mean([float(adv_GC[i][t] == 0.0) for i, t in cells]) if cells else 1.0,
     }
     return GroupScores(prm_GC, orm_GC, pen_GC, s_GC, valid_GC, adv_GC, metrics)

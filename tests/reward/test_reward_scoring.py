@@ -21,6 +21,7 @@ from reward.scoring import (
     M_EXCL_QUESTIONS,
     M_EXCL_ROLLOUTS,
     M_TRAP_PASS,
+    M_ZERO_ADV,
     GrowthBounds,
     JudgedRollout,
     ScoringConfig,
@@ -68,6 +69,7 @@ def test_report_recipe():
     assert m[M_EXCL_QUESTIONS] == 0.0
     assert m[M_EXCL_ROLLOUTS] == pytest.approx(1 / 3)
     assert m[M_EXCL_CELLS] == pytest.approx(2 / 6)
+    assert m[M_ZERO_ADV] == 0.0  # every valid cell's column had distinct votes
     assert m["reward/prm"] == 0.5 and m["reward/orm"] == 0.75
     assert m["reward/pen"] == pytest.approx(P / 4)
 
@@ -87,6 +89,7 @@ def test_no_growth_penalty():
     assert g.pen_GC == [[0.0, 0.0]] * 3
     assert col(g.s_GC, 1)[:2] == [2.5, 2.5]
     assert col(g.adv_GC, 1) == [0.0, 0.0, 0.0]
+    assert g.metrics[M_ZERO_ADV] == 0.5  # 2 of the 4 valid cells (column 1) carry no signal
 
 
 def test_binary_scores():

@@ -361,9 +361,23 @@ class Harness(abc.ABC):
     def search(self, query: str, k: int) -> list[MemoryEntry]:
         """Top-k entries by the framework's own retrieval."""
 
-    @abc.abstractmethod
     def metadata(self) -> BankMetadata:
         """Framework, version, scene, config hash, bank id and lineage of the open bank."""
+        self._need()  # BankStateError when no bank is open
+        assert self._meta is not None
+        return self._meta
+
+    # ---- bank bookkeeping shared by the adapters: each keeps `_lock`, `_meta`, `_bank_dir`
+    def _need(self) -> Any:
+        """The open bank's store handle; raises BankStateError when no bank is open."""
+        raise NotImplementedError
+
+    def _release_bank(self) -> None:
+        """The tail of every adapter's close(): release the bank lock and forget the bank; idempotent."""
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
+        self._meta = self._bank_dir = None
 
     def fork(self, src: str | os.PathLike[str], dsts: Sequence[str | os.PathLike[str]]) -> list[BankMetadata]:
         """Copy a closed bank into N new bank directories (default: directory copy)."""

@@ -199,11 +199,7 @@ class NativeHarness(Harness):
         if self._db is not None:
             self._db.close()
             self._db = None
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-        self._meta = None
-        self._bank_dir = None
+        self._release_bank()
 
     def shutdown(self) -> None:
         self.close()

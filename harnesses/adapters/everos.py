@@ -318,20 +318,12 @@ class EverOSHarness(Harness):
         try:
             self._stop()
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
-            self._meta = self._bank_dir = None
+            self._release_bank()
 
     def _need(self):
         if self._client is None:
             raise BankStateError("everos harness: no bank open")
         return self._client
-
-    def metadata(self) -> BankMetadata:
-        self._need()
-        assert self._meta is not None
-        return self._meta
 
     # ---- reads
     def _tables(self):

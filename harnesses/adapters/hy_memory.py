@@ -225,20 +225,12 @@ class HyMemoryHarness(Harness):
                 from chromadb.api.client import SharedSystemClient
 
                 SharedSystemClient.clear_system_cache()
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-        self._meta = self._bank_dir = None
+        self._release_bank()
 
     def _need(self):
         if self._client is None:
             raise BankStateError("hy_memory harness: no bank open")
         return self._client
-
-    def metadata(self) -> BankMetadata:
-        self._need()
-        assert self._meta is not None
-        return self._meta
 
     # ---- reads
     def _coding_db(self) -> Path:

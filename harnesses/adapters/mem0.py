@@ -203,20 +203,12 @@ class Mem0Harness(Harness):
                 mem.close()  # history SQLite
             finally:
                 mem.vector_store.client.close()  # local Qdrant: releases its portalocker .lock
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-        self._meta = self._bank_dir = None
+        self._release_bank()
 
     def _need(self):
         if self._mem is None:
             raise BankStateError("mem0 harness: no bank open")
         return self._mem
-
-    def metadata(self) -> BankMetadata:
-        self._need()
-        assert self._meta is not None
-        return self._meta
 
     # ---- reads
     def count(self) -> int:

@@ -187,20 +187,12 @@ class MemosHarness(Harness):
         if self._mem is not None:
             mem, self._mem = self._mem, None
             mem.vector_db.client.close()  # local Qdrant: releases its .lock
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-        self._meta = self._bank_dir = None
+        self._release_bank()
 
     def _need(self):
         if self._mem is None:
             raise BankStateError("memoryos harness: no bank open")
         return self._mem
-
-    def metadata(self) -> BankMetadata:
-        self._need()
-        assert self._meta is not None
-        return self._meta
 
     # ---- reads
     def count(self) -> int:

@@ -364,3 +364,54 @@ def generate(cfg: SyntheticConfig) -> SyntheticData:
         for name, rows in one.tables().items():
             out.tables()[name].extend(rows)
     return out
+
+
+def pretraining_documents(num_documents: int, seed: int, episodes_per_document: int = 6) -> list[str]:
+    """Short plain-text documents that stand in for the demo models' pretraining (not a memory task).
+
+    Why: the report's writer and reader are pretrained LLMs, and both tasks are mostly copying (a
+    name and a value from the conversation into a fact; a value from a record into an answer). A
+    tiny model trained from scratch on the writer/reader demonstrations alone did not learn to copy
+    within the demo's budget: after ~1,200 SFT steps its attention stayed diffuse (max weight ~0.1)
+    and it wrote a fixed "Ivan's birthday is named Ines" whatever the chunk said (0-2 of 31 held-out
+    values). Dense, short copy episodes teach that skill in a few hundred steps: measured on the
+    tiny teacher, answer-token accuracy on held-out episodes 0.90 after 500 steps (chance 0.2).
+
+    Each document has `episodes_per_document` episodes, each about one person and one attribute,
+    people and values drawn independently at random (so no person-value association can be
+    memorised; the demo's held-out sequences share nothing with these beyond the vocabulary):
+    - "Alice: My dog Rex chewed my shoes again.\\nQuestion: What is the name of Alice's dog? Rex"
+    - "Alice: My dog Rex chewed my shoes again.\\nFact: Alice's dog is named Rex"
+    - "Records: <3 facts of one person>\\nQuestion: <about one of them> <its value>" (lookup among
+      distractors, the reader's skill)
+    The formats are plain text, not the harness's JSON or chat template: SFT teaches those.
+    Deterministic in (num_documents, seed, episodes_per_document).
+    """
+    if num_documents < 0 or episodes_per_document < 1:
+        raise ValueError("num_documents must be >= 0 and episodes_per_document >= 1")
+    rng = random.Random(f"hymem-pretrain:{seed}")
+    people = PEOPLE + FRIENDS
+    docs = []
+    for _ in range(num_documents):
+        episodes = []
+        for _ in range(episodes_per_document):
+            p, kind = rng.choice(people), rng.random()
+            if kind < 2 / 3:
+                s = rng.choice(SLOTS)
+                v = rng.choice(s.values)
+                upd = bool(s.update_say) and rng.random() < 0.3
+                said = (s.update_say if upd else s.say).format(v=v)
+                tail = (
+                    f"Question: {s.ask.format(p=p)} {v}"
+                    if kind < 1 / 3
+                    else f"Fact: {(s.update_fact if upd else s.fact).format(p=p, v=v)}"
+                )
+                episodes.append(f"{p}: {said}\n{tail}")
+            else:
+                slots = rng.sample(SLOTS, 3)
+                vals = [rng.choice(s.values) for s in slots]
+                k = rng.randrange(3)
+                recs = "; ".join(s.fact.format(p=p, v=v) for s, v in zip(slots, vals, strict=True))
+                episodes.append(f"Records: {recs}\nQuestion: {slots[k].ask.format(p=p)} {vals[k]}")
+        docs.append("\n".join(episodes))
+    return docs

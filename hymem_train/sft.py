@@ -4,8 +4,9 @@ vs generic SFT" ablation. Cross-entropy on response tokens of packed segments, Z
     .venv/bin/python -m hymem_train.sft data_path=runs/data/sft.jsonl out_dir=runs/sft
     .venv/bin/torchrun --nproc_per_node 2 -m hymem_train.sft data_path=... # 2 ranks (gloo on CPU)
 
-Data: JSONL, one record per line: a full Segment (`Segment.to_json`) or just
-`{"prompt_ids": [...], "response_ids": [...]}`. Output: `out_dir/checkpoints` (resumable, picked up
+Data: JSONL, one record per line: a full Segment (`Segment.to_json`), just
+`{"prompt_ids": [...], "response_ids": [...]}` (loss on the response), or `{"text_ids": [...]}`: plain
+language modelling, loss on every token after the first (the demo's pretraining stand-in). Output: `out_dir/checkpoints` (resumable, picked up
 automatically), `out_dir/metrics.jsonl`, and `out_dir/final` (HF checkpoint + tokenizer, loadable
 with `model.path=...`).
 """
@@ -61,6 +62,11 @@ def load_segments(path: str) -> list[Segment]:
                 continue
             try:
                 d = json.loads(line)
+                if "text_ids" in d:  # plain LM: the first token has nothing before it to predict it
+                    ids = d.pop("text_ids")
+                    if len(ids) < 2 or d:
+                        raise ValueError("a text_ids record needs >= 2 ids and no other fields")
+                    d = {"prompt_ids": ids[:1], "response_ids": ids[1:]}
                 if "trajectory_id" not in d:
                     d = {
                         "trajectory_id": f"{Path(path).name}:{n}",

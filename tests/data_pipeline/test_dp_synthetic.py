@@ -73,3 +73,43 @@ def test_orm_gold_facts_attributed_to_source_chunk():
             assert (f.chunk_index, f.text) == (g.source_chunk, g.fact) and g.answer in g.fact
         assert q.evidence_chunks == sorted({g.source_chunk for g in q.gold_facts})
         assert all(g.answer in q.answer for g in q.gold_facts) or "before it became" in q.question
+
+
+def test_pretraining_documents_are_consistent_copy_episodes():
+    # the demo's pretraining stand-in: every answer and restated fact copies what its episode said
+    import re
+
+    import pytest
+
+    from data_pipeline.synthetic import SLOTS, pretraining_documents
+
+    docs = pretraining_documents(200, seed=3)
+    assert docs == pretraining_documents(200, seed=3) and docs != pretraining_documents(200, seed=4)
+    asks = {re.escape(s.ask).replace(re.escape("{p}"), ".+") + " ": s for s in SLOTS}
+    kinds = {"Question": 0, "Fact": 0, "Records": 0}
+    for doc in docs:
+        lines = doc.split("\n")
+        assert len(lines) == 12  # 6 episodes x 2 lines
+        for first, second in zip(lines[::2], lines[1::2], strict=True):
+            head, body = second.split(": ", 1)
+            if first.startswith("Records: "):
+                kinds["Records"] += 1
+                slot = next(s for pat, s in asks.items() if re.match(pat, body))
+                value = body.rsplit(" ", 1)[1]
+                assert value in slot.values
+                recs = first.removeprefix("Records: ").split("; ")
+                assert len(recs) == 3 and sum(bool(re.search(rf"\b{value}\b", r)) for r in recs) == 1
+                continue
+            person, said = first.split(": ", 1)
+            kinds[head] += 1
+            if head == "Question":
+                assert person in body
+                value = body.rsplit(" ", 1)[1]
+                assert re.search(rf"\b{value}\b", said)
+            else:
+                assert head == "Fact" and body.startswith(person)
+                stated = [v for sl in SLOTS for v in sl.values if re.search(rf"\b{v}\b", body)]
+                assert len(stated) == 1 and re.search(rf"\b{stated[0]}\b", said)
+    assert min(kinds.values()) > 300  # all three kinds are well represented (1,200 episodes)
+    with pytest.raises(ValueError):
+        pretraining_documents(1, seed=0, episodes_per_document=0)

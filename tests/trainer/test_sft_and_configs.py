@@ -55,6 +55,19 @@ def test_load_segments_names_file_and_line(tmp_path):
         load_segments(str(p))
 
 
+def test_text_ids_records_are_plain_language_modelling(tmp_path):
+    # the demo's pretraining stand-in: loss on every token after the first
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"text_ids": [7, 8, 9, 10]}\n{"prompt_ids": [1, 2], "response_ids": [3]}\n')
+    a, b = load_segments(str(p))
+    assert (a.prompt_ids, a.response_ids, len(a.logprobs)) == ([7], [8, 9, 10], 3)
+    assert (b.prompt_ids, b.response_ids) == ([1, 2], [3])
+    for bad in ('{"text_ids": [7]}', '{"text_ids": [7, 8], "response_ids": [9]}'):
+        p.write_text(bad + "\n")
+        with pytest.raises(ValueError, match=r"d.jsonl:1: bad SFT record: a text_ids record"):
+            load_segments(str(p))
+
+
 def test_step_batches_are_deterministic_epoch_shuffles(tmp_path):
     p = tmp_path / "d.jsonl"
     _write_data(p, n=10)

@@ -114,6 +114,10 @@ class SyntheticConfig:
     chitchat_prob: float = 0.5  # chance a chunk holds transient small talk (Should-not-store trap)
     second_fact_prob: float = 0.3  # chance a chunk states a second new fact
     seed: int = 0  # generator seed; same seed + config -> identical data
+    # sequence n >= 12 names its person "<name> <n // 12>" so every sequence has its own person. false:
+    # the 12 names recur across sequences (different people, different values), so a model cannot
+    # learn a name's values and has to copy them from the chunk (the CPU demo's training data)
+    unique_person_names: bool = True
     start_date: str = "2023-01-02"  # date of the first session (ISO)
 
 
@@ -170,7 +174,8 @@ def _rubric_trap(p: str) -> str:
 
 def generate_sequence(cfg: SyntheticConfig, n: int) -> SyntheticData:
     rng = random.Random(f"hymem-synth:{cfg.seed}:{n}")
-    person = PEOPLE[n % len(PEOPLE)] + ("" if n < len(PEOPLE) else f" {n // len(PEOPLE)}")
+    suffix = n >= len(PEOPLE) and cfg.unique_person_names
+    person = PEOPLE[n % len(PEOPLE)] + (f" {n // len(PEOPLE)}" if suffix else "")
     friend = FRIENDS[n % len(FRIENDS)]
     seq_id = f"synth/{cfg.seed}/{n:04d}"
     start = dt.date.fromisoformat(cfg.start_date)

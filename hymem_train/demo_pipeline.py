@@ -20,11 +20,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def build_data(root: Path, *, num_sequences: int, num_chunks: int, window: int, seed: int) -> Path:
+def build_data(
+    root: Path, *, num_sequences: int, num_chunks: int, window: int, seed: int, unique_names: bool = True
+) -> Path:
     from data_pipeline.build import build, load_config
 
     cfg = load_config([
         f"out_dir={root}", "data.name=demo", f"data.synthetic.num_sequences={num_sequences}",
+        f"data.synthetic.unique_person_names={str(unique_names).lower()}",
         f"data.synthetic.num_chunks_per_sequence={num_chunks}", f"data.synthetic.num_chunks_per_window={window}",
         f"data.synthetic.seed={seed}", "~data.profiles.hy_memory",
         f"+data.profiles.native={{mode: session, max_tokens: 0, num_chunks_per_window: {window}, tokenizer_path: ''}}",
@@ -175,8 +178,16 @@ def run_demo(
     print(f"[1/6] synthetic data -> {root}/data", flush=True)
     # many sequences, few epochs: with 6 sequences the tiny models memorised the training people and
     # values and wrote 0/12 held-out values; the writer has to learn to copy from the chunk
+    # names recur across training sequences (unique_names=False): with "Alice 3"-style unique names each
+    # name's values could be memorised from its one sequence, and the RL student wrote "Lena 1 ..."
+    # for every held-out chunk
     train = build_data(
-        root / "data" / "train", num_sequences=num_train_sequences, num_chunks=6, window=3, seed=0
+        root / "data" / "train",
+        num_sequences=num_train_sequences,
+        num_chunks=6,
+        window=3,
+        seed=0,
+        unique_names=False,
     )
     held = build_data(
         root / "data" / "eval", num_sequences=num_eval_sequences, num_chunks=3, window=3, seed=1000

@@ -113,3 +113,14 @@ def test_pretraining_documents_are_consistent_copy_episodes():
     assert min(kinds.values()) > 300  # all three kinds are well represented (1,200 episodes)
     with pytest.raises(ValueError):
         pretraining_documents(1, seed=0, episodes_per_document=0)
+
+
+def test_person_names_recur_when_not_unique():
+    # the demo's training data: names recur across sequences, so values cannot be learnt per name
+    def people(unique: bool) -> list[str]:
+        d = generate(SyntheticConfig(num_sequences=26, num_chunks_per_sequence=1, unique_person_names=unique))
+        return [c.turns[1].speaker for c in d.chunks]
+
+    uniq, shared = people(True), people(False)
+    assert len(set(uniq)) == 26 and uniq[12] == "Alice 1" and uniq[25] == "Bruno 2"
+    assert len(set(shared)) == 12 and shared[0] == shared[12] == shared[24] == "Alice"

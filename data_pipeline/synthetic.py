@@ -379,8 +379,12 @@ def pretraining_documents(num_documents: int, seed: int, episodes_per_document: 
     tiny model trained from scratch on the writer/reader demonstrations alone did not learn to copy
     within the demo's budget: after ~1,200 SFT steps its attention stayed diffuse (max weight ~0.1)
     and it wrote a fixed "Ivan's birthday is named Ines" whatever the chunk said (0-2 of 31 held-out
-    values). Dense, short copy episodes teach that skill in a few hundred steps: measured on the
-    tiny teacher, answer-token accuracy on held-out episodes 0.90 after 500 steps (chance 0.2).
+    values). Dense, short copy episodes teach that skill faster. Measured on the tiny teacher after
+    500 steps, answer-token accuracy on held-out episodes (chance 0.2): 0.90 with question episodes
+    only; with this three-kind mixture (what the demo ships) only 0.32 (questions) and 0.29 (record
+    lookups), and the 300-step student stays at chance (0.18). The mixture still raised held-out
+    value hits after SFT (4/31 greedy, 19% sampled vs 1-2/31, 6-11%); a question-heavier mix or more
+    steps is the obvious next try.
 
     Each document has `episodes_per_document` episodes, each about one person and one attribute,
     people and values drawn independently at random (so no person-value association can be

@@ -180,7 +180,7 @@ def run_demo(
     # values and wrote 0/12 held-out values; the writer has to learn to copy from the chunk
     # names recur across training sequences (unique_names=False): with "Alice 3"-style unique names each
     # name's values could be memorised from its one sequence, and the RL student wrote "Lena 1 ..."
-    # for every held-out chunk
+    # for each of the 12 held-out chunks inspected
     train = build_data(
         root / "data" / "train",
         num_sequences=num_train_sequences,

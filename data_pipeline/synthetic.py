@@ -371,7 +371,12 @@ def generate(cfg: SyntheticConfig) -> SyntheticData:
     return out
 
 
-def pretraining_documents(num_documents: int, seed: int, episodes_per_document: int = 6) -> list[str]:
+def pretraining_documents(
+    num_documents: int,
+    seed: int,
+    episodes_per_document: int = 6,
+    mix: tuple[float, ...] = (1 / 3, 1 / 3, 1 / 3, 0.0),
+) -> list[str]:
     """Short plain-text documents that stand in for the demo models' pretraining (not a memory task).
 
     Why: the report's writer and reader are pretrained LLMs, and both tasks are mostly copying (a
@@ -379,25 +384,32 @@ def pretraining_documents(num_documents: int, seed: int, episodes_per_document: 
     tiny model trained from scratch on the writer/reader demonstrations alone did not learn to copy
     within the demo's budget: after ~1,200 SFT steps its attention stayed diffuse (max weight ~0.1)
     and it wrote a fixed "Ivan's birthday is named Ines" whatever the chunk said (0-2 of 31 held-out
-    values). Dense, short copy episodes teach that skill faster. Measured on the tiny teacher after
-    500 steps, answer-token accuracy on held-out episodes (chance 0.2): 0.90 with question episodes
-    only; with this three-kind mixture (what the demo ships) only 0.32 (questions) and 0.29 (record
-    lookups), and the 300-step student stays at chance (0.18). The mixture still raised held-out
-    value hits after SFT (4/31 greedy, 19% sampled vs 1-2/31, 6-11%); a question-heavier mix or more
-    steps is the obvious next try.
+    values). Dense, short copy episodes teach that skill faster. Copying appears as a phase change:
+    the tiny teacher's teacher-forced answer accuracy on held-out episodes (chance ~0.2) with the
+    first three kinds in equal shares was 0.31 (questions) / 0.24 (record lookups) / 0.44 (fact
+    values) after 500 steps of 16 documents and 0.84 / 0.78 / 0.84 after 1,000; the 3-layer student
+    0.74 / 0.69 / 0.75 after 1,000. With those, the SFT'd writer copied the person's name every time
+    but often picked the wrong attribute ("Alice owns a green car" for "I work as a plumber"): in the
+    harness prompt the fact sits a few lines back among greetings and small talk, which the
+    fourth kind ("talk") imitates.
 
-    Each document has `episodes_per_document` episodes, each about one person and one attribute,
-    people and values drawn independently at random (so no person-value association can be
-    memorised; the demo's held-out sequences share nothing with these beyond the vocabulary):
-    - "Alice: My dog Rex chewed my shoes again.\\nQuestion: What is the name of Alice's dog? Rex"
-    - "Alice: My dog Rex chewed my shoes again.\\nFact: Alice's dog is named Rex"
-    - "Records: <3 facts of one person>\\nQuestion: <about one of them> <its value>" (lookup among
-      distractors, the reader's skill)
+    Each document has `episodes_per_document` episodes, each about one person, people and values
+    drawn independently at random (so no person-value association can be memorised; the demo's
+    held-out sequences share nothing with these beyond the vocabulary). `mix` = the shares of:
+    - question: "Alice: My dog Rex chewed my shoes again.\\nQuestion: What is the name of Alice's dog? Rex"
+    - fact: "Alice: My dog Rex chewed my shoes again.\\nFact: Alice's dog is named Rex"
+    - records: "Records: <3 facts of one person>\\nQuestion: <about one of them> <its value>" (lookup
+      among distractors, the reader's skill)
+    - talk: a friend's greeting, 1-2 fact lines mixed with small talk, a reply, then "Facts: <the
+      facts, small talk skipped>" (the writer's skill)
     The formats are plain text, not the harness's JSON or chat template: SFT teaches those.
-    Deterministic in (num_documents, seed, episodes_per_document).
+    Deterministic in (num_documents, seed, episodes_per_document, mix).
     """
     if num_documents < 0 or episodes_per_document < 1:
         raise ValueError("num_documents must be >= 0 and episodes_per_document >= 1")
+    if len(mix) != 4 or min(mix) < 0 or abs(sum(mix) - 1) > 1e-6:
+        raise ValueError(f"mix = shares of (question, fact, records, talk) episodes summing to 1, got {mix}")
+    cuts = [sum(mix[: i + 1]) for i in range(3)]
     rng = random.Random(f"hymem-pretrain:{seed}")
     people = PEOPLE + FRIENDS
     docs = []
@@ -405,22 +417,35 @@ def pretraining_documents(num_documents: int, seed: int, episodes_per_document: 
         episodes = []
         for _ in range(episodes_per_document):
             p, kind = rng.choice(people), rng.random()
-            if kind < 2 / 3:
+            if kind < cuts[1]:
                 s = rng.choice(SLOTS)
                 v = rng.choice(s.values)
                 upd = bool(s.update_say) and rng.random() < 0.3
                 said = (s.update_say if upd else s.say).format(v=v)
                 tail = (
                     f"Question: {s.ask.format(p=p)} {v}"
-                    if kind < 1 / 3
+                    if kind < cuts[0]
                     else f"Fact: {(s.update_fact if upd else s.fact).format(p=p, v=v)}"
                 )
                 episodes.append(f"{p}: {said}\n{tail}")
-            else:
+            elif kind < cuts[2]:
                 slots = rng.sample(SLOTS, 3)
                 vals = [rng.choice(s.values) for s in slots]
                 k = rng.randrange(3)
                 recs = "; ".join(s.fact.format(p=p, v=v) for s, v in zip(slots, vals, strict=True))
                 episodes.append(f"Records: {recs}\nQuestion: {slots[k].ask.format(p=p)} {vals[k]}")
+            else:
+                friend = rng.choice([f for f in FRIENDS if f != p])
+                lines, facts = [f"{friend}: {rng.choice(GREETINGS).format(p=p)}"], []
+                for s in rng.sample(SLOTS, rng.choice((1, 2))):
+                    v = rng.choice(s.values)
+                    upd = bool(s.update_say) and rng.random() < 0.3
+                    lines.append(f"{p}: {(s.update_say if upd else s.say).format(v=v)}")
+                    facts.append((s.update_fact if upd else s.fact).format(p=p, v=v))
+                if rng.random() < 0.5:  # small talk, never a fact
+                    line, vals, _ = rng.choice(CHITCHAT)
+                    lines.insert(rng.randrange(1, len(lines) + 1), f"{p}: {line.format(v=rng.choice(vals))}")
+                lines.append(f"{friend}: {rng.choice(REPLIES)}")
+                episodes.append("\n".join(lines) + "\nFacts: " + "; ".join(facts))
         docs.append("\n".join(episodes))
     return docs

@@ -87,6 +87,37 @@ class StageConfig:
             raise ValueError("num_steps and save_every must be >= 1")
 
 
+def ray_cpu_demand(cfg) -> float:
+    """CPUs the stage's Ray actors reserve: rollout workers, plus the reward actors of every harness (RL)."""
+    demand = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker if cfg.rollout.use_ray else 0.0
+    reward = getattr(cfg, "reward", None)
+    if reward is not None:
+        demand += len(cfg.harnesses) * reward.num_actors * reward.num_cpus_per_actor
+    return demand
+
+
+def check_ray_capacity(cfg) -> None:
+    """A local Ray start with fewer CPUs than the actors reserve does not fail: the extra actors stay
+    pending and the first step waits forever (seen: rollout.num_workers=16 on cluster.num_cpus=2).
+    Say so up front. On a joined cluster the autoscaler may still add nodes, so only warn there."""
+    import ray
+
+    have = float(ray.cluster_resources().get("CPU", 0.0))
+    need = ray_cpu_demand(cfg)
+    if need <= have + 1e-9:
+        return
+    msg = (
+        f"Ray actors reserve {need:g} CPUs (rollout.num_workers={cfg.rollout.num_workers} x "
+        f"rollout.num_cpus_per_worker={cfg.rollout.num_cpus_per_worker}"
+        + (" + reward actors" if getattr(cfg, "reward", None) is not None else "")
+        + f") but the Ray cluster has {have:g}: the actors that do not fit would wait forever. Lower "
+        "rollout.num_workers or rollout.num_cpus_per_worker, or raise cluster.num_cpus"
+    )
+    if cfg.cluster.ray_address == "local":
+        raise ValueError(msg)
+    log.warning(msg)
+
+
 class Runtime:
     """Builds every part of a stage from its config; `close()` tears them down."""
 
@@ -136,6 +167,7 @@ class Runtime:
                 self.scheduler.restore(self.client_state["scheduler"])
             self.lineage = BankLineage(self.run_dir, self.open_harness)
             if cfg.rollout.mode != "train_only":
+                check_ray_capacity(cfg)
                 worker_kwargs = dict(
                     harnesses=cfg.harnesses, gateway_url=self.server.url, admin_token=self.gateway.admin_token,
                     model_name=cfg.gateway.served_model_name, tokenizer_path=cfg.model.tokenizer_path,

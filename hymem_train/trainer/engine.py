@@ -186,8 +186,11 @@ class Trainer:
                     )
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0) + v.detach().double().cpu()
+        # without ZeRO DeepSpeed clips the fp32 grads but records no global norm (get_global_grad_norm
+        # is None): measure it here, before the step clips it, so stage 0 logs the same metric
+        pre_norm = self._plain_grad_norm() if self.cfg.zero_stage == 0 else None
         self.engine.step()
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = pre_norm if pre_norm is not None else self.engine.get_global_grad_norm()
         self.step += 1
         keys = sorted(sums)
         vec = torch.stack([sums[k] for k in keys] + [mismatch[0], mismatch[1]])
@@ -195,6 +198,13 @@ class Trainer:
             torch.distributed.all_reduce(vec)  # every metric is a sum: reduce by addition
         tot = dict(zip(keys + ["_mm_diff", "_mm_tot"], vec.tolist(), strict=True))
         return self._metrics(tot, grad_norm, time.perf_counter() - t0)
+
+    def _plain_grad_norm(self) -> float:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        # stage 0 all-reduces the grads in backward: every rank holds the same (full) gradient
+        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
 
     # ---- checkpoint / weight sync -------------------------------------------------------------------
     def save(self, save_dir: str, client_state: dict | None = None) -> str:

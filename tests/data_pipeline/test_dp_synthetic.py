@@ -75,44 +75,76 @@ def test_orm_gold_facts_attributed_to_source_chunk():
         assert all(g.answer in q.answer for g in q.gold_facts) or "before it became" in q.question
 
 
+def _episodes(doc: str) -> list[list[str]]:
+    """Split a stand-in document into episodes: each ends with its Question/Fact/Facts line."""
+    out, cur = [], []
+    for line in doc.split("\n"):
+        cur.append(line)
+        if line.startswith(("Question: ", "Fact: ", "Facts: ")):
+            out.append(cur)
+            cur = []
+    assert not cur, f"dangling lines {cur}"
+    return out
+
+
 def test_pretraining_documents_are_consistent_copy_episodes():
     # the demo's pretraining stand-in: every answer and restated fact copies what its episode said
     import re
 
     import pytest
 
-    from data_pipeline.synthetic import SLOTS, pretraining_documents
+    from data_pipeline.synthetic import CHITCHAT, FRIENDS, SLOTS, pretraining_documents
+
+    def stated(text: str) -> list[str]:
+        return [v for sl in SLOTS for v in sl.values if re.search(rf"\b{v}\b", text)]
 
     docs = pretraining_documents(200, seed=3)
     assert docs == pretraining_documents(200, seed=3) and docs != pretraining_documents(200, seed=4)
     asks = {re.escape(s.ask).replace(re.escape("{p}"), ".+") + " ": s for s in SLOTS}
-    kinds = {"Question": 0, "Fact": 0, "Records": 0}
+    small_talk = [re.escape(c[0]).replace(re.escape("{v}"), ".+") for c in CHITCHAT]
+    kinds = {"Question": 0, "Fact": 0, "Records": 0, "Talk": 0}
     for doc in docs:
-        lines = doc.split("\n")
-        assert len(lines) == 12  # 6 episodes x 2 lines
-        for first, second in zip(lines[::2], lines[1::2], strict=True):
-            head, body = second.split(": ", 1)
-            if first.startswith("Records: "):
+        episodes = _episodes(doc)
+        assert len(episodes) == 6
+        for ep in episodes:
+            head, body = ep[-1].split(": ", 1)
+            if ep[0].startswith("Records: "):
+                assert len(ep) == 2
                 kinds["Records"] += 1
                 slot = next(s for pat, s in asks.items() if re.match(pat, body))
                 value = body.rsplit(" ", 1)[1]
                 assert value in slot.values
-                recs = first.removeprefix("Records: ").split("; ")
+                recs = ep[0].removeprefix("Records: ").split("; ")
                 assert len(recs) == 3 and sum(bool(re.search(rf"\b{value}\b", r)) for r in recs) == 1
-                continue
-            person, said = first.split(": ", 1)
-            kinds[head] += 1
-            if head == "Question":
-                assert person in body
-                value = body.rsplit(" ", 1)[1]
-                assert re.search(rf"\b{value}\b", said)
+            elif head == "Facts":  # talk: greeting, 1-2 fact lines (+ small talk), reply, the facts
+                kinds["Talk"] += 1
+                friend, person = ep[0].split(": ", 1)[0], ep[1].split(": ", 1)[0]
+                assert friend in FRIENDS and friend != person and ep[-2].startswith(f"{friend}: ")
+                said = [line.split(": ", 1)[1] for line in ep[1:-2]]
+                assert all(line.startswith(f"{person}: ") for line in ep[1:-2])
+                facts = body.split("; ")
+                fact_lines = [x for x in said if not any(re.fullmatch(t, x) for t in small_talk)]
+                assert len(facts) == len(fact_lines) in (1, 2) and len(said) - len(fact_lines) in (0, 1)
+                for fact, line in zip(facts, fact_lines, strict=True):  # in order, small talk skipped
+                    assert fact.startswith(person) and stated(fact) == stated(line) and len(stated(fact)) == 1
             else:
-                assert head == "Fact" and body.startswith(person)
-                stated = [v for sl in SLOTS for v in sl.values if re.search(rf"\b{v}\b", body)]
-                assert len(stated) == 1 and re.search(rf"\b{stated[0]}\b", said)
-    assert min(kinds.values()) > 300  # all three kinds are well represented (1,200 episodes)
+                assert len(ep) == 2
+                person, said = ep[0].split(": ", 1)
+                kinds[head] += 1
+                if head == "Question":
+                    assert person in body
+                    value = body.rsplit(" ", 1)[1]
+                    assert re.search(rf"\b{value}\b", said)
+                else:
+                    assert head == "Fact" and body.startswith(person)
+                    assert len(stated(body)) == 1 and stated(body) == stated(said)
+    assert min(kinds.values()) > 150  # all four kinds are well represented (1,200 episodes)
+    only_talk = pretraining_documents(5, seed=0, mix=(0, 0, 0, 1))
+    assert all(ep[-1].startswith("Facts: ") for d in only_talk for ep in _episodes(d))
     with pytest.raises(ValueError):
         pretraining_documents(1, seed=0, episodes_per_document=0)
+    with pytest.raises(ValueError, match="mix"):
+        pretraining_documents(1, seed=0, mix=(0.5, 0.5, 0.5))
 
 
 def test_person_names_recur_when_not_unique():

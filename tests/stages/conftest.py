@@ -37,6 +37,10 @@ COMMON = [
     "harnesses.native.native.max_tokens=24", "engine.max_model_len=1024", "rollout.num_workers=2",
     "trainer.gradient_checkpointing=false", "trainer.packing.num_tokens_per_micro_batch=4096",
     "trainer.packing.pad_to_multiple=8", "logging.wandb_mode=disabled", "cluster.num_cpus=2",
+    # the demo_* configs switch ZeRO off (one CPU rank, see configs/exp/demo_rl.yaml); the stage tests
+    # keep the report's ZeRO-3 path under kill -9 / resume / 2 ranks. tests/trainer/test_engine_dist.py
+    # checks that stage 0 trains and resumes exactly like stage 3.
+    "trainer.zero_stage=3",
 ]  # fmt: skip
 
 

@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--load-dir", default="")
     ap.add_argument("--lr", type=float, default=1.0)
     ap.add_argument("--adam-eps", type=float, default=1.0)
+    ap.add_argument("--zero-stage", type=int, default=3)
     args = ap.parse_args()
     faulthandler.enable(all_threads=True)  # a rank that aborts prints every thread's Python stack
     torch.set_num_threads(1)
@@ -64,6 +65,7 @@ def main() -> None:
         lr=args.lr,
         adam_eps=args.adam_eps,
         max_grad_norm=0.0,
+        zero_stage=args.zero_stage,
         zero_persistence_threshold=0,  # partition every parameter, lm_head included, as at full scale
         loss=LossConfig(kind=args.kind, ratio_source=args.ratio_source, block_rows=16, block_vocab=256),
         packing=PackingConfig(

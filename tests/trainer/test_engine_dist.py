@@ -95,6 +95,26 @@ def test_two_rank_zero3_save_resume_matches_uninterrupted(tmp_path):
     _assert_same(p_res, p_full, atol=1e-7)
 
 
+def test_zero_stage0_matches_zero3_and_resumes(tmp_path):
+    # the CPU demo trains with ZeRO off (one rank: stage 3 partitions nothing and its hooks cost 1.8x
+    # step time, benchmarks/bench_zero_stage_cpu.py); it must train and resume exactly like stage 3
+    common = ["--lr", "1e-3", "--adam-eps", "1e-8", "--capacity", "40"]
+    z3, p3 = run_worker(1, tmp_path / "z3", "--steps", "3", *common)
+    z0, p0 = run_worker(1, tmp_path / "z0", "--steps", "3", "--zero-stage", "0", *common)
+    for a, b in zip(z0, z3, strict=True):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)  # not NaN at stage 0
+    # different reduction order: after 3 Adam steps (eps 1e-8) 1 of 57,344 embedding entries differed
+    # by 2e-6; a stage that skipped or mis-scaled an update differs by ~lr = 1e-3
+    _assert_same(p0, p3, atol=1e-5)
+    first, _ = run_worker(1, tmp_path / "a", "--steps", "2", "--zero-stage", "0", "--save-dir",
+                          str(tmp_path / "ckpt"), *common)  # fmt: skip
+    second, p_res = run_worker(1, tmp_path / "b", "--steps", "1", "--zero-stage", "0", "--load-dir",
+                               str(tmp_path / "ckpt"), *common)  # fmt: skip
+    assert [m["train/loss"] for m in first + second] == pytest.approx([m["train/loss"] for m in z0], rel=1e-6)
+    _assert_same(p_res, p0, atol=1e-7)
+
+
 def test_opd_step_on_one_rank_logs_support_metrics(tmp_path):
     metrics, _ = run_worker(
         1, tmp_path / "opd", "--kind", "opd", "--steps", "2", "--lr", "1e-3", "--adam-eps", "1e-8"

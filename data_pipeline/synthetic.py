@@ -391,7 +391,8 @@ def pretraining_documents(
     0.74 / 0.69 / 0.75 after 1,000. With those, the SFT'd writer copied the person's name every time
     but often picked the wrong attribute ("Alice owns a green car" for "I work as a plumber"): in the
     harness prompt the fact sits a few lines back among greetings and small talk, which the
-    fourth kind ("talk") imitates.
+    fourth kind ("talk") imitates. It is off by default: with mix (0.3, 0.2, 0.3, 0.2) the documents
+    are 22% longer and the phase change had not happened after 1,000 steps (0.33 / 0.39 / 0.43).
 
     Each document has `episodes_per_document` episodes, each about one person, people and values
     drawn independently at random (so no person-value association can be memorised; the demo's

@@ -205,17 +205,22 @@ def run_demo(
     timings["oracle"] = time.perf_counter() - t
 
     # The report's writer/reader are pretrained LLMs; ours start from random init. One epoch of short
-    # copy episodes stands in for pretraining (data_pipeline.synthetic.pretraining_documents says why).
+    # copy episodes stands in for pretraining (data_pipeline.synthetic.pretraining_documents says why;
+    # copying appears as a phase change between 500 and 1,000 steps, docs/stages.md "Demo findings"
+    # says what 1,000 steps bought and why the demo does not spend them). ZeRO off in every demo
+    # stage: one CPU rank, where stage 3 partitions nothing and its hooks cost 1.8x step time
+    # (benchmarks/bench_zero_stage_cpu.py).
+    # the student gets fewer steps (the demo's time budget)
     print("[3/6] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
     t = time.perf_counter()
-    # the student gets fewer steps (the demo's time budget; its copying matters less than the reader's)
     for name, model, steps in (
         ("teacher", "tiny_teacher", 0),
         ("student", "tiny_student", student_pretrain_steps),
     ):
         _run(["-m", "hymem_train.sft", f"model={model}", f"data_path={root}/pretrain/data.jsonl",
               f"out_dir={root}/pretrain_{name}", "num_epochs=1", "num_segments_per_step=16", "trainer.lr=2e-3",
-              f"max_steps={steps}", "trainer.gradient_checkpointing=false", *extra.get(f"pretrain_{name}", [])],
+              f"max_steps={steps}", "trainer.gradient_checkpointing=false", "trainer.zero_stage=0",
+              *extra.get(f"pretrain_{name}", [])],
              root / "logs" / f"pretrain_{name}.log")  # fmt: skip
     timings["pretrain"] = time.perf_counter() - t
 
@@ -226,7 +231,7 @@ def run_demo(
     # teacher: 4 layers, trained on the demonstrations (writer + reader tasks)
     _run(["-m", "hymem_train.sft", f"model.path={root}/pretrain_teacher/final", f"data_path={root}/sft/data.jsonl",
           f"out_dir={root}/sft", f"num_epochs={teacher_epochs}", "num_segments_per_step=16", "trainer.lr=2e-3",
-          "trainer.gradient_checkpointing=false",
+          "trainer.gradient_checkpointing=false", "trainer.zero_stage=0",
           *extra.get("sft", [])], root / "logs" / "sft_teacher.log")  # fmt: skip
     # student: 3 layers, one epoch only: OPD does the rest. With 2 epochs the student started so close to
     # the teacher (held-out KL 0.306) that OPD at lr 5e-4 only added noise (0.306 -> 0.446); with 1 epoch
@@ -234,7 +239,7 @@ def run_demo(
     _run(["-m", "hymem_train.sft", "model=tiny_student", f"model.path={root}/pretrain_student/final",
           f"data_path={root}/sft/data.jsonl", f"out_dir={root}/student_init", f"num_epochs={student_epochs}",
           "num_segments_per_step=16", "trainer.lr=2e-3",
-          "trainer.gradient_checkpointing=false", *extra.get("student", [])],
+          "trainer.gradient_checkpointing=false", "trainer.zero_stage=0", *extra.get("student", [])],
          root / "logs" / "sft_student.log")  # fmt: skip
     timings["sft"] = time.perf_counter() - t
 

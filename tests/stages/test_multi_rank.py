@@ -29,7 +29,12 @@ def _same_run(stage, one: Path, two: Path, keys: tuple[str, ...]) -> None:
     for step in a:
         for k in keys:
             if k in a[step]:
-                assert b[step][k] == pytest.approx(a[step][k], rel=1e-5, abs=1e-7), (step, k)
+                # Float32 reductions run in a different order on 2 ranks (gloo all-reduce of the grads,
+                # per-rank packing), so step 2 starts from weights ~1e-7 apart. CI saw an OPD loss of
+                # -0.0304591 vs -0.0304572 (a sum of O(1) per-token terms cancelling to a small value:
+                # 2e-6 absolute, 6e-5 relative). A wiring bug (a dropped shard, a token counted twice)
+                # moves these by 1e-2 or more, so 1e-4 relative / 1e-5 absolute still catches it.
+                assert b[step][k] == pytest.approx(a[step][k], rel=1e-4, abs=1e-5), (step, k)
     wa, wb = load_file(one / "final" / "model.safetensors"), load_file(two / "final" / "model.safetensors")
     assert wa.keys() == wb.keys()
     for k in wa:

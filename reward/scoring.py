@@ -27,6 +27,15 @@ from reward.terms import (
 ROLLOUT_STATUSES = ("ok", "policy_error", "platform_error")
 ORM_MODES = ("attributed", "broadcast")
 SCORE_MODES = ("rubric", "binary")
+# How a chunk whose write was malformed policy output (silent failure 9) is scored:
+#   "floor": prm[t] = orm[t] = 0 (DESIGN.md, failure 9: "a valid trajectory with low reward");
+#   "bank":  whatever its unchanged bank earns (our first reading; kept as an ablation).
+# "bank" lets garbage earn every trap an unchanged bank passes. Where the policy's writes are mostly
+# wrong (a weak writer: wrong writes fail traps), that is above the group mean, so GRPO reinforced
+# malformed output: the demo's RL runs went from 2-5 to 13-26 malformed chunks of 96 per step and
+# the held-out reward fell back (docs/stages.md, demo findings part 3). A valid abstention
+# ({"op": "NONE"}) still earns the traps, so "floor" never punishes storing nothing, only garbage.
+MALFORMED_SCORES = ("floor", "bank")
 
 # Metric names (STYLE.md 9). Cross-rank / cross-group reduction: mean, weighted by the metric's
 # own denominator where one is stated (the service logs per group; the trainer averages groups).
@@ -70,12 +79,14 @@ class ScoringConfig:
     score_mode: str = "rubric"  # "rubric" (report) | "binary" (ablation: scores thresholded to 0/1)
     binary_threshold: float = 0.5  # binary mode: a score >= this counts 1, else 0
     trap_pass_threshold: float = 0.5  # a trap probe "passes" (metric only) when z >= this
+    malformed_score: str = "floor"  # policy_error chunk: "floor" (prm = orm = 0) | "bank" (ablation)
 
     def validate(self) -> None:
         for key, val, allowed in (
             ("advantage_level", self.advantage_level, ADVANTAGE_LEVELS),
             ("orm_mode", self.orm_mode, ORM_MODES),
             ("score_mode", self.score_mode, SCORE_MODES),
+            ("malformed_score", self.malformed_score, MALFORMED_SCORES),
         ):
             if val not in allowed:
                 raise ValueError(f"reward config: {key}={val!r} not in {allowed}")
@@ -105,6 +116,8 @@ class JudgedRollout:
     recovered_QF: list[list[bool] | None]  # per ORM question: recovered flag per gold fact; None = faulted
     size_before_tokens: int | None  # parent bank size in tokens (before chunk 0)
     size_tokens_C: list[int | None]  # bank size in tokens after each chunk; None = unknown (platform fault)
+    # per chunk: its write was malformed policy output (chunk status policy_error); [] = none was
+    policy_error_C: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -142,6 +155,8 @@ def score_group(
             raise ValueError(f"score_group: rollout {i} status {r.status!r} not in {ROLLOUT_STATUSES}")
         if not (len(r.size_tokens_C) == len(r.recall_z_CR) == len(r.trap_z_CP) == C):
             raise ValueError(f"score_group: rollout {i} does not cover the window's {C} chunks")
+        if r.policy_error_C and len(r.policy_error_C) != C:
+            raise ValueError(f"score_group: rollout {i} has {len(r.policy_error_C)} chunk statuses, want {C}")
         if len(r.recovered_QF) != len(source_pos_QF):
             raise ValueError(
                 f"score_group: rollout {i} has {len(r.recovered_QF)} ORM answers, want {len(source_pos_QF)}"
@@ -168,6 +183,10 @@ def score_group(
             orm_C, orm_ok = orm_attributed(r.recovered_QF, source_pos_QF, C, binary_threshold=binthr)
         else:
             orm_C, orm_ok = orm_broadcast(r.recovered_QF, C, binary_threshold=binthr)
+        if cfg.malformed_score == "floor":
+            for t, bad in enumerate(r.policy_error_C):
+                if bad:  # low reward, valid cell (never excluded: failure 9 is not an environment error)
+                    prm_C[t], prm_ok[t], orm_C[t], orm_ok[t] = 0.0, True, 0.0, True
         if not failed:
             n_q += len(r.recovered_QF)
             n_q_faults += sum(q is None for q in r.recovered_QF)

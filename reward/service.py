@@ -8,8 +8,8 @@ pure math of `reward.scoring` turns the judged rollouts into prm/orm/pen, s[t], 
 Fault handling (governing rule, silent failure 7): a platform-failed rollout is not searched, read
 or judged, and is excluded from the group's mean/std; a bank that cannot be opened or searched, and
 a reader/judge call that fails after bounded retries, excludes that item and is counted. A
-policy_error chunk (malformed policy output, silent failure 9) is scored like any other: it gets
-whatever its bank earns.
+policy_error chunk (malformed policy output, silent failure 9) is a valid cell with low reward:
+prm = orm = 0 (`scoring.malformed_score: floor`; "bank" = whatever its unchanged bank earns).
 
 Legend: G = rollouts, C = chunks of the window.
 """
@@ -241,6 +241,7 @@ def judge_rollout(
         recovered_QF=recovered,
         size_before_tokens=group.parent_size_tokens,
         size_tokens_C=[c.size_tokens if c.status != "platform_error" else None for c in record.chunks],
+        policy_error_C=[c.status == "policy_error" for c in record.chunks],
     )
     reader_d, judge_d = reader.stats - reader0, judge.stats - judge0
     stats["reader_calls"] = reader_d["calls"]

@@ -119,6 +119,26 @@ def test_gamma_discounts_future_prm():
     assert g.s_GC[0][0] == pytest.approx(0.5 + 0.5 * 0.5 + 2.0)
 
 
+def test_malformed_chunk_scores_the_floor_not_its_banks_earnings():
+    """Silent failure 9: a malformed write is a valid cell with low reward (prm = orm = 0), not an
+    excluded cell and not what its unchanged bank would have earned (here r1's trap pass, 0.5)."""
+    rs = group()
+    rs[1].status, rs[1].policy_error_C = "policy_error", [True, False]
+    g = score_group(rs, SRC, cfg(), "native")
+    assert g.prm_GC[1] == [0.0, 0.5] and g.orm_GC[1] == [0.0, 1.0]
+    assert g.s_GC[1] == pytest.approx([0.0, 2.5])
+    assert g.valid_GC[1] == [True, True]  # scored, never excluded like an environment error
+    assert col(g.adv_GC, 0) == pytest.approx([R, -R, 0.0])
+    # the "bank" ablation: the malformed chunk keeps what its (unchanged) bank earned
+    b = score_group(rs, SRC, cfg(malformed_score="bank"), "native")
+    assert b.s_GC[1] == pytest.approx([0.5, 2.5])
+    with pytest.raises(ValueError, match="malformed_score='zero'"):
+        cfg(malformed_score="zero").validate()
+    with pytest.raises(ValueError, match="1 chunk statuses, want 2"):
+        rs[1].policy_error_C = [True]
+        score_group(rs, SRC, cfg(), "native")
+
+
 def test_group_with_one_valid_rollout_gets_zero_advantage():
     rs = group()
     rs[1] = JudgedRollout("platform_error", [[], []], [[], []], [None], None, [None, None])

@@ -166,10 +166,13 @@ def test_policy_error_scored_platform_error_excluded(group, endpoints):
     res = run_local(g, reader_srv, judge_srv)
     assert res.scores.valid_GC == [[False, False], [True, True], [True, True]]
     assert res.scores.adv_GC[0] == [0.0, 0.0]
-    assert res.scores.s_GC[2] == pytest.approx([0.5, 0.0])  # policy error: scored like any other
+    # policy error: a valid cell with low reward (prm = orm = 0), not its unchanged bank's 0.5
+    assert res.scores.s_GC[2] == pytest.approx([0.0, 0.0])
     assert res.metrics[M_EXCL_ROLLOUTS] == pytest.approx(1 / 3)
     # 2 valid rollouts x (3 probes + 1 question): the failed rollout made no judge call
     assert len(judge_srv.chat_requests()) - n_before == 8
+    bank = run_local(g, reader_srv, judge_srv, cfg=H.scoring_config(malformed_score="bank"))
+    assert bank.scores.s_GC[2] == pytest.approx([0.5, 0.0])  # ablation: what its bank earned
 
 
 def test_missing_chunk_mapping_raises(group):

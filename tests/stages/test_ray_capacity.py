@@ -28,7 +28,7 @@ def test_too_small_local_cluster_raises_a_clear_error(monkeypatch):
     with pytest.raises(
         ValueError, match=r"reserve 4\.5 CPUs .* has 2: the actors that do not fit would wait"
     ):
-        check_ray_capacity(_rl("rollout.num_workers=16"))
+        check_ray_capacity(_rl("rollout.num_workers=16", "rollout.num_cpus_per_worker=0.25"))
 
 
 def test_joined_cluster_only_warns(monkeypatch, caplog):
@@ -36,5 +36,7 @@ def test_joined_cluster_only_warns(monkeypatch, caplog):
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     with caplog.at_level(logging.WARNING, logger="hymem_train.runtime"):
-        check_ray_capacity(_rl("rollout.num_workers=16", "cluster.ray_address=auto"))
+        check_ray_capacity(
+            _rl("rollout.num_workers=16", "rollout.num_cpus_per_worker=0.25", "cluster.ray_address=auto")
+        )
     assert "would wait forever" in caplog.text

@@ -154,8 +154,12 @@ def judge_rollout(
     search_k: int,
     use_traps: bool,
     rollout_index: int,
+    skip_malformed: bool = False,
 ) -> tuple[JudgedRollout, dict[str, int]]:
-    """Search, read and judge every probe and question of one rollout (no Ray; the actor calls this)."""
+    """Search, read and judge every probe and question of one rollout (no Ray; the actor calls this).
+
+    `skip_malformed` (scoring.malformed_score=floor): the probes of a policy_error chunk are not
+    searched, read or judged; its prm is fixed at 0 whatever they would say (silent failure 9)."""
     w = group.window
     C = len(w.chunk_indices)
     status = record.effective_status
@@ -172,7 +176,8 @@ def judge_rollout(
         return judged, dict(stats)
     tag = f"window {w.window_id} rollout {rollout_index} ({record.trajectory_id})"
     reader0, judge0 = Counter(reader.stats), Counter(judge.stats)  # clients may be shared: count deltas
-    probes = [p for p in group.probes if use_traps or not p.is_trap]
+    fixed = {t for t, c in enumerate(record.chunks) if skip_malformed and c.status == "policy_error"}
+    probes = [p for p in group.probes if (use_traps or not p.is_trap) and probe_position(w, p) not in fixed]
     probes_by_t: list[list[int]] = [[] for _ in range(C)]
     for j, p in enumerate(probes):
         probes_by_t[probe_position(w, p)].append(j)
@@ -276,6 +281,7 @@ class RewardWorker:
             search_k=self.cfg.search_k,
             use_traps=self.cfg.scoring.use_traps,
             rollout_index=rollout_index,
+            skip_malformed=self.cfg.scoring.malformed_score == "floor",
         )
 
     def shutdown(self) -> None:

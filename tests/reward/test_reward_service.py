@@ -68,6 +68,7 @@ def run_local(group, reader_srv, judge_srv, cfg=None, judge=None, **judge_kw):
             search_k=5,
             use_traps=cfg.use_traps,
             rollout_index=i,
+            skip_malformed=cfg.malformed_score == "floor",
         )
         judged.append(j)
         stats.append(s)
@@ -169,10 +170,13 @@ def test_policy_error_scored_platform_error_excluded(group, endpoints):
     # policy error: a valid cell with low reward (prm = orm = 0), not its unchanged bank's 0.5
     assert res.scores.s_GC[2] == pytest.approx([0.0, 0.0])
     assert res.metrics[M_EXCL_ROLLOUTS] == pytest.approx(1 / 3)
-    # 2 valid rollouts x (3 probes + 1 question): the failed rollout made no judge call
-    assert len(judge_srv.chat_requests()) - n_before == 8
+    # judge calls: rollout 1 (3 probes + 1 question) + rollout 2 (its ORM question only: the probes
+    # of its malformed chunks score the floor, so they are not read or judged); the failed rollout none
+    assert len(judge_srv.chat_requests()) - n_before == 5
+    n_before = len(judge_srv.chat_requests())
     bank = run_local(g, reader_srv, judge_srv, cfg=H.scoring_config(malformed_score="bank"))
     assert bank.scores.s_GC[2] == pytest.approx([0.5, 0.0])  # ablation: what its bank earned
+    assert len(judge_srv.chat_requests()) - n_before == 8  # 2 valid rollouts x (3 probes + 1 question)
 
 
 def test_missing_chunk_mapping_raises(group):

@@ -203,8 +203,9 @@ def run_demo(
         seed=2000,
         unique_names=False,
     )
-    # 24 held-out sequences (72 chunks, 129 probes): with 8, two evaluations of one checkpoint
-    # differed by up to 0.03 in s[t], the size of the effect the demo looks for
+    # 24 held-out sequences (72 chunks, 129 probes; 8 before): with 8, RL curves of barely-moving
+    # policies wandered by about 0.03 between evaluations, the size of the effect the demo looks for;
+    # with 24, two sampling seeds on one checkpoint differed by 0.008-0.018 (docs/stages.md)
     held = build_data(
         root / "data" / "eval", num_sequences=num_eval_sequences, num_chunks=3, window=3, seed=1000
     )

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -236,7 +237,16 @@ class BankLock:
 
     close() must release it (the issue: 'close it, releasing every file lock'), and fork checks it,
     so a bank is never copied while a writer may still be flushing.
+
+    The fork-time probe (`is_held`) takes a *shared* lock for an instant: the report's 8 rollouts of
+    a window fork the same parent bank at the same moment, and a probe that took the exclusive lock
+    made a concurrent probe see "held" and end its rollout as a platform error (one rollout of 4 at
+    step 2 of the 2-rank test, 1 run in 4 here). Shared probes never conflict with each other; only an
+    open bank's exclusive lock makes one fail. A writer's `acquire` that meets a probe's instant
+    shared lock retries for up to `PROBE_GRACE_S` before it calls the bank open elsewhere.
     """
+
+    PROBE_GRACE_S = 2.0
 
     def __init__(self, bank_dir: Path):
         self.path = Path(bank_dir) / BANK_LOCK_FILE
@@ -244,11 +254,17 @@ class BankLock:
 
     def acquire(self) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise BankStateError(f"{self.path.parent}: bank is open elsewhere (lock held)") from None
+        deadline = time.monotonic() + self.PROBE_GRACE_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                os.close(fd)
+                raise BankStateError(f"{self.path.parent}: bank is open elsewhere (lock held)") from None
         self._fd = fd
 
     def release(self) -> None:
@@ -262,9 +278,9 @@ class BankLock:
         p = Path(bank_dir) / BANK_LOCK_FILE
         if not p.exists():
             return False
-        fd = os.open(p, os.O_RDWR)
+        fd = os.open(p, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: concurrent probes don't collide
         except BlockingIOError:
             return True
         else:

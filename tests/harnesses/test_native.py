@@ -245,6 +245,53 @@ def test_fork_makes_independent_copies_with_lineage(tmp_path, server, llm):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no half-written fork left
 
 
+def test_concurrent_forks_of_one_parent_all_succeed(tmp_path, server, llm):
+    """The report's 8 rollouts of a window fork the same parent at the same moment. The fork-time
+    probe used to take the exclusive lock, so a concurrent probe saw the bank "open" and its rollout
+    ended as a platform error (found as 6 segments instead of 8 in the 2-rank stage test)."""
+    import fcntl
+    import threading
+
+    server.set_replies([ADD_TWO])
+    h = NativeHarness(llm)
+    h.open(tmp_path / "p", create=True)
+    h.write_chunk(CHUNK, "s1", "d")
+    h.close()
+    # injected: another rollout is mid-probe (holds its instant shared lock) while this one forks
+    fd = os.open(tmp_path / "p" / "bank.lock", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    try:
+        h.fork(tmp_path / "p", [tmp_path / "probe_held"])
+        # a writer opening the bank during a probe waits out the probe instead of failing
+        threading.Timer(0.2, fcntl.flock, (fd, fcntl.LOCK_UN)).start()
+        h.open(tmp_path / "p")
+        h.close()
+    finally:
+        os.close(fd)
+    # the real race: 8 threads (8 rollouts) forking one parent, 25 rounds; every fork must succeed
+    errors: list[BaseException] = []
+
+    def fork(r: int, i: int) -> None:
+        try:
+            h.fork(tmp_path / "p", [tmp_path / f"r{r}" / f"c{i}"])
+        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    for r in range(25):
+        threads = [threading.Thread(target=fork, args=(r, i)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+    assert len(list(tmp_path.glob("r*/c*/bank.json"))) == 200
+    # an open bank is still refused
+    h.open(tmp_path / "p")
+    with pytest.raises(BankStateError, match="open bank"):
+        h.fork(tmp_path / "p", [tmp_path / "while_open"])
+    h.close()
+
+
 # ---------------------------------------------------------------- bad input
 def test_bad_input_clear_errors_and_bank_untouched(tmp_path, server, llm):
     server.set_replies([ADD_TWO])

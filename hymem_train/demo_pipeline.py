@@ -268,16 +268,40 @@ def run_demo(
          root / "logs" / "opd.log")  # fmt: skip
     timings["opd"] = time.perf_counter() - t
 
+    # The growth penalty's bounds from the OPD student's own writes, as docs/reward.md prescribes for
+    # every harness: the configs' 2048-token floor suits real frameworks' banks, while the demo's
+    # native banks hold 10-60 tokens, so with it pen[t] was 0 on every chunk of every demo run.
+    growth, counts["growth_bounds"] = growth_overrides(root / "opd")
+    print(f"      {counts['growth_bounds']}", flush=True)
     print("[6/6] RL: chunk-level GRPO (python -m hymem_train.rl +exp=demo_rl)", flush=True)
     t = time.perf_counter()
     _run(["-m", "hymem_train.rl", "+exp=demo_rl", *common, f"init_checkpoint={root}/opd/final",
-          f"reader_model.path={root}/sft/final", f"run.output_dir={root}/rl", *extra.get("rl", [])],
+          f"reader_model.path={root}/sft/final", f"run.output_dir={root}/rl", *growth, *extra.get("rl", [])],
          root / "logs" / "rl.log")  # fmt: skip
     timings["rl"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
     counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
     counts["prompt_sequences"] = num_prompt_sequences
     return write_report(root, counts, timings)
+
+
+def growth_overrides(opd_dir: Path, harness: str = "native") -> tuple[list[str], str]:
+    """RL overrides for the growth penalty calibrated from the OPD run's recorded bank sizes
+    (reward.calibrate_growth, also written to <opd>/growth_bounds.yaml), and a line for the report.
+    Too few valid OPD writes to take quantiles from keeps the config's bounds, and the line says why."""
+    from reward.calibrate_growth import calibrate, load_rows, to_yaml
+
+    try:
+        cals = calibrate(load_rows([opd_dir]))
+    except (FileNotFoundError, ValueError) as e:
+        return [], f"growth penalty: the config's bounds (not calibrated: {e})"
+    (opd_dir / "growth_bounds.yaml").write_text(to_yaml(cals))
+    c = cals[harness]
+    q = c.quantiles
+    return c.overrides(), (
+        f"growth penalty: l_h={c.lower:.3g}, u_h={c.upper:.3g}, floor={c.floor_tokens} tokens, from {c.num_writes} "
+        f"OPD writes (g_t median {q['p50']:.2f}, p99 {q['p99']:.2f}; {c.share_penalised:.0%} of them above l_h)"
+    )
 
 
 def write_report(root: Path, counts: dict, timings: dict) -> dict:
@@ -287,6 +311,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
     rew = first_last(rl, "eval/s")
     prm = first_last(rl, "eval/prm")
     rew_train = first_last(rl, "reward/s")
+    pen = first_last(rl, "eval/pen")
     zadv = [r["reward/zero_advantage_share"] for r in rl if "reward/zero_advantage_share" in r]
     lines = [
         "# hymem-train CPU demo report",
@@ -303,6 +328,8 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         + (f"{kl_train[0]:.3f} (step 1) -> {kl_train[1]:.3f}" if kl_train else "n/a"),
         "",
         "## RL (chunk-level GRPO from the OPD student)",
+        f"- {counts.get('growth_bounds', 'growth penalty: the config bounds')}",
+        "- held-out mean growth penalty pen[t]: " + (f"{pen[0]:.3f} -> {pen[1]:.3f}" if pen else "n/a"),
         "- held-out mean per-chunk score s[t]: "
         + (f"{rew[0]:.3f} (step 0) -> {rew[1]:.3f} (last step)" if rew else "n/a"),
         "- held-out mean prm[t]: " + (f"{prm[0]:.3f} -> {prm[1]:.3f}" if prm else "n/a"),
@@ -320,7 +347,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
     (root / "report.md").write_text(text)
     _report_png(root, opd, rl)
     print(text)
-    return {"kl": kl, "reward": rew, "prm": prm, "timings": timings}
+    return {"kl": kl, "reward": rew, "prm": prm, "pen": pen, "timings": timings}
 
 
 def _report_png(root: Path, opd: list[dict], rl: list[dict]) -> None:

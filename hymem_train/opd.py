@@ -41,6 +41,7 @@ def collect(
     windows = rt.scheduler.next_windows(cfg.opd.num_rows_per_step)
     with rt.timer("rollout"):
         results = rt.run_rollouts(rt.rollout_tasks(windows, cfg.opd.num_rollouts_per_row, step))
+    rt.record_bank_sizes(step, windows, results, cfg.opd.num_rollouts_per_row)
     with rt.timer("teacher"):
         items = teacher_items(results, teacher, cfg.opd.teacher_top_k)
     m = {k: sum(r.metrics.get(k, 0.0) for r in results) for k in results[0].metrics} if results else {}

@@ -75,6 +75,7 @@ def collect(rt: Runtime, reward, cfg: RlConfig, step: int):
     G = cfg.rl.num_rollouts_per_window
     with rt.timer("rollout"):
         results = rt.run_rollouts(rt.rollout_tasks(windows, G, step))
+    rt.record_bank_sizes(step, windows, results, G)
     with rt.timer("reward"):
         scored = reward.score_groups(make_groups(rt, windows, results, G, rt.dataset))
     items = advantage_items(results, scored, G)

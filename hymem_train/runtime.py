@@ -10,6 +10,7 @@ share (trainer/packing.py gives every rank the same number of micro-batches).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from hymem_train.rollout.pool import RolloutPool
 from hymem_train.rollout.scheduler import ScheduledWindow, WindowScheduler
 from hymem_train.rollout.worker import FaultConfig, RolloutResult, RolloutTask
 from hymem_train.trainer.engine import TrainerConfig
+from reward.calibrate_growth import BANK_SIZES_FILE
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +224,29 @@ class Runtime:
             w.sequence_id, sw.epoch, w.index, result.record.final_bank_dir, result.record.trajectory_id, sw.harness,
             size_tokens=result.record.chunks[-1].size_tokens or 0,
         )  # fmt: skip
+
+    def record_bank_sizes(
+        self, step: int, windows: list[ScheduledWindow], results: list[RolloutResult], num_rollouts: int
+    ) -> None:
+        """Append one line per training rollout to `<run>/bank_sizes.jsonl`: the parent bank's and each
+        chunk's bank size in tokens, with the chunk statuses and the harness. It is the input of
+        `python -m reward.calibrate_growth`, which derives the growth penalty's l_h, u_h and floor per
+        harness from OPD rollouts (docs/reward.md; the report does not publish its values). A resumed
+        step appends its lines again; the reader keeps the last line per trajectory."""
+        lines = []
+        for j, sw in enumerate(windows):
+            w = sw.window
+            parent = self.lineage.parent_size_tokens(w.sequence_id, sw.epoch, w.index) if sw.epoch >= 0 else 0
+            for r in results[j * num_rollouts : (j + 1) * num_rollouts]:
+                rec = r.record
+                lines.append(json.dumps({
+                    "step": step, "trajectory_id": rec.trajectory_id, "harness": sw.harness,
+                    "sequence_id": w.sequence_id, "window_index": w.index, "status": rec.status,
+                    "parent_size_tokens": parent, "size_tokens": [c.size_tokens for c in rec.chunks],
+                    "chunk_status": [c.status for c in rec.chunks],
+                }) + "\n")  # fmt: skip
+        with (self.run_dir / BANK_SIZES_FILE).open("a") as f:
+            f.write("".join(lines))
 
     def clean_rollouts(self, step: int) -> None:
         if not self.cfg.rollout.keep_rollout_dirs:

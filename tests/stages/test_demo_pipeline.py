@@ -6,7 +6,7 @@ import json
 
 from data_pipeline.store import BuiltDataset
 from harnesses.registry import HarnessConfig
-from hymem_train.demo_pipeline import build_data, first_last, oracle_sft_data, write_report
+from hymem_train.demo_pipeline import build_data, first_last, growth_overrides, oracle_sft_data, write_report
 from hymem_train.models.tokenizer import default_tokenizer
 
 
@@ -65,9 +65,10 @@ def test_report_reads_first_and_last_values(tmp_path):
     for name, rows in {
         "opd": [{"step": 0, "eval/reverse_kl": 0.8}, {"step": 1, "distill/reverse_kl_topk": 0.6},
                 {"step": 2, "eval/reverse_kl": 0.5, "distill/reverse_kl_topk": 0.4}],
-        "rl": [{"step": 0, "eval/s": 0.30, "eval/prm": 0.30},
+        "rl": [{"step": 0, "eval/s": 0.30, "eval/prm": 0.30, "eval/pen": 0.02},
                {"step": 1, "reward/s": 0.2, "reward/zero_advantage_share": 0.5},
-               {"step": 2, "reward/s": 0.4, "reward/zero_advantage_share": 0.3, "eval/s": 0.36, "eval/prm": 0.35}],
+               {"step": 2, "reward/s": 0.4, "reward/zero_advantage_share": 0.3, "eval/s": 0.36, "eval/prm": 0.35,
+                "eval/pen": 0.01}],
     }.items():  # fmt: skip
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -79,3 +80,29 @@ def test_report_reads_first_and_last_values(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "0.800 (step 0) -> 0.500" in text and "0.300 (step 0) -> 0.360" in text
     assert "mean over steps: 0.40" in text and (tmp_path / "report.png").stat().st_size > 0
+    assert out["pen"] == (0.02, 0.01) and "pen[t]: 0.020 -> 0.010" in text
+
+
+def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
+    """The demo's RL gets bounds calibrated from the OPD run's bank sizes; without enough recorded
+    writes it keeps the config's and the report says why."""
+    import random
+
+    from reward.calibrate_growth import BANK_SIZES_FILE
+
+    args, line = growth_overrides(tmp_path)
+    assert args == [] and "not calibrated" in line and "no bank sizes recorded" in line
+    rnd, rows = random.Random(0), []
+    for i in range(30):  # 30 rollouts x 3 chunks, first writes of 8-24 tokens, then steady growth
+        sizes, b = [], 0
+        for _ in range(3):
+            b += rnd.randint(8, 24)
+            sizes.append(b)
+        rows.append({"trajectory_id": f"t{i}", "harness": "native", "status": "ok", "parent_size_tokens": 0,
+                     "size_tokens": sizes, "chunk_status": ["ok"] * 3, "step": 1})  # fmt: skip
+    (tmp_path / BANK_SIZES_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args, line = growth_overrides(tmp_path)
+    kv = {k.rsplit(".", 1)[1]: v for k, v in (a.split("=") for a in args)}
+    assert set(kv) == {"lower", "upper", "floor_tokens"} and 8 <= int(kv["floor_tokens"]) <= 24
+    assert 1.0 <= float(kv["lower"]) < float(kv["upper"]) and "from 90 OPD writes" in line
+    assert (tmp_path / "growth_bounds.yaml").read_text().count("native:") == 1

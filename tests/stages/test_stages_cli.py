@@ -25,6 +25,7 @@ def test_opd_then_rl_short_runs(assets, stage):
     assert (opd / "final" / "model.safetensors").exists() and (opd / "opd_curves.png").exists()
     lineage = json.loads((opd / "lineage.json").read_text())
     assert len(lineage) >= 2  # each sequence's first window promoted a bank
+    _check_bank_sizes(opd, m, rollouts_per_step=2 * 2)  # opd.num_rows_per_step=2 x 2 rollouts per row
 
     rl = root / "rl"
     stage.run(
@@ -36,6 +37,27 @@ def test_opd_then_rl_short_runs(assets, stage):
         assert k in m[1], k
     assert m[1]["reward/reader_calls"] > 0 and m[1]["rollout/segments"] > 0
     assert (rl / "final" / "model.safetensors").exists()
+    _check_bank_sizes(rl, m, rollouts_per_step=2 * 2)  # 2 windows x 2 rollouts
+
+
+def _check_bank_sizes(run, m, rollouts_per_step: int) -> None:
+    """`bank_sizes.jsonl` (the input of reward.calibrate_growth) has every training rollout, and its
+    chunk statuses agree with the step's own rollout metrics."""
+    from reward.calibrate_growth import load_rows
+
+    rows = load_rows([run])
+    steps = [s for s in m if "rollout/policy_error_chunks" in m[s]]
+    assert len(rows) == rollouts_per_step * len(steps)
+    for s in steps:
+        mine = [r for r in rows if r["step"] == s]
+        assert (
+            sum(st == "policy_error" for r in mine for st in r["chunk_status"])
+            == m[s]["rollout/policy_error_chunks"]
+        )
+        assert all(len(r["size_tokens"]) == len(r["chunk_status"]) > 0 for r in mine)
+        assert all(
+            isinstance(x, int) and x >= 0 for r in mine if r["status"] == "ok" for x in r["size_tokens"]
+        )
 
 
 def _lineage_view(out) -> dict:
@@ -67,6 +89,15 @@ def test_rl_kill9_then_resume_reproduces_the_uninterrupted_run(assets, stage):
     stage.run(stage.cmd("rl", assets, out, *args), root / "rl_resumed.log")
 
     assert _lineage_view(out) == _lineage_view(ref)
+    # the killed run's re-done step re-recorded its rollouts; read back, nothing is lost or doubled
+    from reward.calibrate_growth import load_rows
+
+    def sizes(run):
+        return sorted(
+            (r["trajectory_id"], r["parent_size_tokens"], r["size_tokens"]) for r in load_rows([run])
+        )
+
+    assert sizes(out) == sizes(ref)
     a, b = stage.metrics(ref), stage.metrics(out)
     assert set(a) == set(b) == {0, 1, 2, 3}
     for step in a:

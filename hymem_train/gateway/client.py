@@ -11,7 +11,14 @@ from hymem_train.segments import Segment
 class GatewayAdmin:
     def __init__(self, url: str, admin_token: str, timeout_s: float = 30.0):
         self.url = url.rstrip("/")
-        self._http = httpx.Client(timeout=timeout_s, headers={"x-admin-token": admin_token})
+        # a new connection per admin call (a handful per rollout, loopback): none is ever reused after
+        # the server or a proxy between closed it, and none of these calls may be blindly retried
+        # (register is refused twice; a drain whose answer was lost has lost its segments)
+        self._http = httpx.Client(
+            timeout=timeout_s,
+            headers={"x-admin-token": admin_token},
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
 
     @property
     def base_url(self) -> str:

@@ -15,14 +15,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+# How long the server keeps an idle keep-alive connection. It must outlast every client's own idle
+# expiry (httpx and the openai SDK: 5 s), so a client always drops an idle connection before the server
+# does. With uvicorn's default (also 5 s) a request sent on a connection idle for ~5 s could meet the
+# server's close: the demo's RL died at step 2 on "Server disconnected without sending a response" in
+# a rollout worker's register call, after the step-1 update left its connection idle (session 6).
+KEEP_ALIVE_S = 75
+
+
 class GatewayServer:
     def __init__(self, gateway, host: str | None = None, port: int | None = None):
         self.gateway = gateway
         self.host = host or gateway.cfg.host
         self.port = port or gateway.cfg.port or free_port(self.host)
         config = uvicorn.Config(
-            gateway.app, host=self.host, port=self.port, log_level="warning", access_log=False
-        )
+            gateway.app, host=self.host, port=self.port, log_level="warning", access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gateway-http", daemon=True)
 

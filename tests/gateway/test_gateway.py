@@ -241,3 +241,44 @@ def test_unseeded_calls_are_reproducible_per_trajectory_chunk_and_call(server, g
     a, b = sample("replay-a"), sample("replay-a")
     assert a == b and a[0] != a[1]  # same trajectory/chunk/call -> same sample; the next call differs
     assert sample("replay-b") != a
+
+
+def test_idle_connections_outlive_the_clients_keep_alive(server, gw):
+    """The server keeps an idle connection longer than httpx / the openai SDK keep theirs (5 s), so a
+    client never sends on a connection the server is closing. With uvicorn's 5 s default, the demo's
+    RL died on "Server disconnected without sending a response" after a 5 s idle (session 6)."""
+    import socket
+    import time
+
+    from hymem_train.gateway.client import GatewayAdmin
+    from hymem_train.gateway.runner import KEEP_ALIVE_S
+
+    assert httpx.Limits().keepalive_expiry < KEEP_ALIVE_S
+    req = f"GET /health HTTP/1.1\r\nHost: {server.host}\r\n\r\n".encode()
+
+    def response(s) -> bytes:  # one whole HTTP/1.1 response (headers, then content-length bytes)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            part = s.recv(4096)
+            assert part, "the server closed the idle connection"
+            buf += part
+        head, body = buf.split(b"\r\n\r\n", 1)
+        n = int(
+            next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
+        )
+        while len(body) < n:
+            body += s.recv(4096)
+        return head
+
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        s.sendall(req)
+        assert response(s).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)  # idle past the old 5 s: the server must still hold the connection open
+        s.sendall(req)
+        assert response(s).startswith(b"HTTP/1.1 200")
+    # the admin channel reuses no connection at all (its calls cannot be blindly retried)
+    admin = GatewayAdmin(server.url, gw.admin_token)
+    admin.register("keepalive-probe", bank_id="b")
+    admin.unregister("keepalive-probe")
+    assert admin._http._transport._pool.connections == []
+    admin.close()

@@ -241,9 +241,10 @@ class BankLock:
     The fork-time probe (`is_held`) takes a *shared* lock for an instant: the report's 8 rollouts of
     a window fork the same parent bank at the same moment, and a probe that took the exclusive lock
     made a concurrent probe see "held" and end its rollout as a platform error (one rollout of 4 at
-    step 2 of the 2-rank test, 1 run in 4 here). Shared probes never conflict with each other; only an
-    open bank's exclusive lock makes one fail. A writer's `acquire` that meets a probe's instant
-    shared lock retries for up to `PROBE_GRACE_S` before it calls the bank open elsewhere.
+    step 2 of the 2-rank test on CI; 2 of 12 one-rank RL runs here, 0 of 8 after). Shared probes never
+    conflict with each other; only an open bank's exclusive lock makes one fail. A writer's `acquire`
+    that meets a probe's instant shared lock retries for up to `PROBE_GRACE_S` before it calls the
+    bank open elsewhere.
     """
 
     PROBE_GRACE_S = 2.0

@@ -152,15 +152,17 @@ def calibrate(
             (floor_tokens, sum(b == 0 and a > 0 for b, a in pairs)) if floor_tokens else suggest_floor(pairs)
         )
         g = np.array([a / max(b, floor) for b, a in pairs])
-        lower = max(1.0, float(np.quantile(g, lower_q)))
-        upper = float(np.quantile(g, upper_q))
+        # rounded to the 4 significant digits the overrides and the YAML print, before the check: bounds
+        # that differ only past them would reach the reward config as upper == lower (and be refused)
+        lower = float(f"{max(1.0, float(np.quantile(g, lower_q))):.4g}")
+        upper = float(f"{float(np.quantile(g, upper_q)):.4g}")
         if not upper > lower:
             raise ValueError(
                 f"harness {h!r}: the {upper_q:.0%} growth ratio {upper:.3g} is not above l_h={lower:.3g} "
                 f"(floor {floor}): the writes barely grow the bank; lower the floor or widen the quantiles"
             )
         out[h] = Calibration(
-            harness=h, lower=round(lower, 4), upper=round(upper, 4), floor_tokens=int(floor),
+            harness=h, lower=lower, upper=upper, floor_tokens=int(floor),
             num_writes=len(pairs), num_first_writes=n_first,
             quantiles={q: float(np.quantile(g, v)) for q, v in (("p50", .5), ("p75", .75), ("p90", .9), ("p99", .99))}
             | {"max": float(g.max())},

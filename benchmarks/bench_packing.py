@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from hymem_train.segments import Segment  # noqa: E402
-from hymem_train.trainer.packing import PackingConfig, TrainItem, padding_share, plan_step  # noqa: E402
+from hymem_train.trainer.config import PackingConfig  # noqa: E402
+from hymem_train.trainer.packing import TrainItem, padding_share, plan_step  # noqa: E402
 
 
 def segment_lengths(n: int, seed: int, scale: int) -> list[tuple[int, int]]:
@@ -90,7 +91,7 @@ def main() -> None:
     )
 
     from hymem_train.models.presets import build_model, make_config
-    from hymem_train.trainer.losses import LossConfig
+    from hymem_train.trainer.config import LossConfig
     from hymem_train.trainer.policy import PolicyLoss
 
     model = build_model(make_config("tiny", attn_implementation="sdpa"), seed=0)

@@ -23,8 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from reward.config import LlmClientConfig  # noqa: E402
 from reward.judge import LlmJudge, ProbeItem  # noqa: E402
-from reward.llm import ChatClient, Fault, LlmClientConfig  # noqa: E402
+from reward.llm import ChatClient, Fault  # noqa: E402
 
 
 def _serve_fixed_latency(latency_s: float, port_q: multiprocessing.Queue) -> None:

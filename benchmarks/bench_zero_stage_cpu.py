@@ -54,9 +54,9 @@ def main() -> None:
     from hymem_train.models.presets import build_model, make_config
     from hymem_train.models.tokenizer import default_tokenizer
     from hymem_train.sft import load_segments
-    from hymem_train.trainer.engine import Trainer, TrainerConfig
-    from hymem_train.trainer.losses import LossConfig
-    from hymem_train.trainer.packing import PackingConfig, TrainItem, plan_step
+    from hymem_train.trainer.config import LossConfig, PackingConfig, TrainerConfig
+    from hymem_train.trainer.engine import Trainer
+    from hymem_train.trainer.packing import TrainItem, plan_step
 
     tok = default_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:  # the real SFT reader: text_ids records -> segments

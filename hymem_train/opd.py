@@ -13,99 +13,95 @@ from __future__ import annotations
 import logging
 
 import hydra
-import numpy as np
 from omegaconf import DictConfig
 
+from hymem_train.callbacks.plots import CurvePlot
 from hymem_train.config import CONFIG_DIR, to_typed
 from hymem_train.engines import build_engine
+from hymem_train.heldout import opd_reverse_kl
+from hymem_train.rollout.collector import sum_rollout_metrics
 from hymem_train.run_config import OpdConfig
-from hymem_train.runtime import Runtime, eval_tasks
-from hymem_train.trainer.items import opd_items
-from hymem_train.trainer.packing import TrainItem
+from hymem_train.stage import Stage, build_stage, log_step
+from hymem_train.trainer.export import export_hf
+from hymem_train.trainer.items import teacher_items
 
 log = logging.getLogger(__name__)
 
-
-def teacher_items(results, teacher, k: int) -> list[TrainItem]:
-    """Teacher top-k over every segment of every usable rollout (platform failures are excluded);
-    `opd_items` raises on a missing or short teacher answer (silent failure 2)."""
-    segs = [s for r in results if r.record.status != "platform_error" for s in r.segments]
-    if not segs:
-        return []
-    return opd_items(segs, teacher.topk_logprobs([s.input_ids for s in segs], k))
+CURVES = ["distill/reverse_kl_topk", "eval/reverse_kl", "distill/teacher_token_coverage", "distill/entropy"]
 
 
-def collect(
-    rt: Runtime, teacher, cfg: OpdConfig, step: int
-) -> tuple[list[TrainItem], dict[str, float], list]:
-    windows = rt.scheduler.next_windows(cfg.opd.num_rows_per_step)
-    with rt.timer("rollout"):
-        results = rt.run_rollouts(rt.rollout_tasks(windows, cfg.opd.num_rollouts_per_row, step))
-    rt.record_bank_sizes(step, windows, results, cfg.opd.num_rollouts_per_row)
-    with rt.timer("teacher"):
-        items = teacher_items(results, teacher, cfg.opd.teacher_top_k)
-    m = {k: sum(r.metrics.get(k, 0.0) for r in results) for k in results[0].metrics} if results else {}
-    # OPD has no reward: each row's first rollout that did not fail on the platform carries the bank on
-    done = []
-    for j, sw in enumerate(windows):
-        group = results[j * cfg.opd.num_rollouts_per_row : (j + 1) * cfg.opd.num_rollouts_per_row]
-        ok = [r for r in group if r.record.status != "platform_error"]
-        if ok:
-            rt.promote(sw, ok[0])
-            done.append(sw)
-    m["rollout/windows_done"] = float(len(done))
-    return items, m, done
+def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
+    """The OPD loop, one optimizer step per iteration. Returns the last step's metrics."""
+    timer, is_driver = stage.timer, stage.is_driver
+    harness = next(iter(cfg.harnesses))  # held-out KL in the first declared harness
 
+    def evaluate(step: int) -> dict[str, float]:
+        return opd_reverse_kl(stage.collector, stage.eval_dataset, harness, stage.engine, teacher, step)
 
-def evaluate(rt: Runtime, teacher, cfg: OpdConfig, step: int) -> dict[str, float]:
-    """Held-out reverse KL(student || teacher) over the full vocabulary at the student's sampled positions."""
-    from data_pipeline.store import BuiltDataset
-
-    ds = BuiltDataset(cfg.data.eval_path)
-    results = rt.run_rollouts(eval_tasks(rt, ds, 1, step, next(iter(cfg.harnesses))))
-    segs = [s for r in results for s in r.segments]
-    if not segs:
-        return {}
-    V = rt.engine.model.config.vocab_size
-    kls = []
-    for s, st, tt in zip(segs, rt.engine.topk_logprobs([s.input_ids for s in segs], V),
-                         teacher.topk_logprobs([s.input_ids for s in segs], V), strict=True):  # fmt: skip
-        P, R = len(s.prompt_ids), len(s.response_ids)
-        ls = np.take_along_axis(st.logprobs_TK.numpy(), np.argsort(st.ids_TK.numpy(), 1), 1)[
-            P - 1 : P + R - 1
-        ]
-        lt = np.take_along_axis(tt.logprobs_TK.numpy(), np.argsort(tt.ids_TK.numpy(), 1), 1)[
-            P - 1 : P + R - 1
-        ]
-        kls.append((np.exp(ls) * (ls - lt)).sum(-1))
-    kl = np.concatenate(kls)
-    return {"eval/reverse_kl": float(kl.mean()), "eval/num_positions": float(kl.size)}
-
-
-def run(cfg: OpdConfig) -> dict[str, float]:
-    rt = Runtime(cfg)
-    try:
-        teacher = build_engine(cfg.teacher_engine, cfg.teacher, rt.tokenizer) if rt.is_driver else None
-
-        def kl(m: dict[str, float]) -> None:
+    if is_driver and stage.eval_dataset is not None and stage.start_step == 0:
+        log_step(stage, 0, evaluate(0))
+    last: dict[str, float] = {}
+    for step in range(stage.start_step + 1, cfg.num_steps + 1):
+        items, m, done = None, {}, []
+        if is_driver and cfg.rollout.mode == "train_only":  # replay a dumped rollout batch
+            items = stage.dumps.load(step)
+        elif is_driver:
+            # 1. rollouts: 2 per data row, each from its own fork of the row's parent bank
+            windows = stage.scheduler.next_windows(cfg.opd.num_rows_per_step)
+            with timer("rollout"):
+                groups = stage.collector.collect(windows, cfg.opd.num_rollouts_per_row, step)
+            stage.callbacks.on_rollouts(step, groups)
+            # 2. the teacher's top-k over every segment the student sampled
+            with timer("teacher"):
+                items = teacher_items(groups, teacher, cfg.opd.teacher_top_k)
+            m = sum_rollout_metrics(groups)
+            # 3. no reward in OPD: each row's first rollout not failed by the platform carries the bank on
+            for g in groups:
+                if usable := g.usable():
+                    stage.collector.promote(g, usable[0][0])
+                    done.append(g.scheduled)
+            m["rollout/windows_done"] = float(len(done))
+            if cfg.rollout.dump:
+                stage.dumps.save(step, items)
+        # 4. train on every rank, then push the weights to the rollout engine
+        items = stage.trainer.broadcast(items) or []
+        if cfg.rollout.mode != "rollout_only" and items:
+            with timer("train"):
+                m.update(stage.trainer.train_items(items, "opd"))
+            with timer("sync"):
+                m.update(stage.trainer.sync_weights(stage.sync_receivers, step))
             # the loss is the truncated reverse KL minus the entropy bonus: log the KL itself
             m["distill/reverse_kl_topk"] = (
                 m["train/loss"] + cfg.trainer.loss.entropy_coef * m["distill/entropy"]
             )
+        # 5. advance the windows that finished, evaluate, checkpoint, log
+        if is_driver:
+            stage.scheduler.advance(done)
+            stage.collector.clean(step)
+            if stage.eval_dataset is not None and (step % cfg.save_every == 0 or step == cfg.num_steps):
+                with timer("eval"):
+                    m.update(evaluate(step))
+        stage.checkpoints.maybe_save(step, stage.scheduler)
+        m.update(timer.pop())
+        log_step(stage, step, m)
+        last = m
+    export_hf(stage.trainer, cfg.model, stage.run_dir / "final")  # the RL stage's init_checkpoint
+    if is_driver:
+        stage.callbacks.on_train_end()
+    return last
 
-        last = rt.steps(
-            collect=lambda step: collect(rt, teacher, cfg, step),
-            evaluate=lambda step: evaluate(rt, teacher, cfg, step),
-            loss_kind="opd",
-            derive=kl,
-        )
-        if rt.is_driver:
-            rt.logger.plot(["distill/reverse_kl_topk", "eval/reverse_kl", "distill/teacher_token_coverage",
-                            "distill/entropy"], "opd_curves.png")  # fmt: skip
-    except BaseException:
-        rt.close(failed=True)
-        raise
-    rt.close()
+
+def run(cfg: OpdConfig) -> dict[str, float]:
+    stage = build_stage(cfg)
+    failed = True
+    try:
+        teacher = build_engine(cfg.teacher_engine, cfg.teacher, stage.tokenizer) if stage.is_driver else None
+        if stage.is_driver:
+            stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "opd_curves.png"))
+        last = train(stage, teacher, cfg)
+        failed = False
+    finally:
+        stage.close(failed=failed)
     return last
 
 

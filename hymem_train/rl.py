@@ -11,190 +11,121 @@ with routing replay updates the policy; weights sync to the rollout engine.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections import defaultdict
 
 import hydra
-import numpy as np
 from omegaconf import DictConfig
 
+from hymem_train.callbacks.plots import CurvePlot
 from hymem_train.config import CONFIG_DIR, to_typed
+from hymem_train.gateway.local_reader import start_frozen_server
+from hymem_train.heldout import rl_chunk_reward
+from hymem_train.rollout.collector import sum_rollout_metrics
 from hymem_train.run_config import RlConfig
-from hymem_train.runtime import Runtime, eval_tasks
-from hymem_train.trainer.items import rl_items
-from hymem_train.trainer.packing import TrainItem
-from reward.records import RolloutGroup
+from hymem_train.stage import Stage, build_stage, log_step
+from hymem_train.trainer.export import export_hf
+from hymem_train.trainer.items import advantage_items
+from reward.harness_rewards import HarnessRewards, reduce_group_metrics
 
 log = logging.getLogger(__name__)
 
+CURVES = [
+    "reward/s",
+    "reward/prm",
+    "reward/orm",
+    "reward/pen",
+    "eval/s",
+    "train/clipfrac",
+    "reward/zero_advantage_share",
+]
 
-def make_groups(rt: Runtime, windows, results, num_rollouts: int, dataset) -> list[RolloutGroup]:
-    groups = []
-    for j, sw in enumerate(windows):
-        w = sw.window
-        recs = [r.record for r in results[j * num_rollouts : (j + 1) * num_rollouts]]
-        parent_size = rt.lineage.parent_size_tokens(w.sequence_id, sw.epoch, w.index) if sw.epoch >= 0 else 0
-        groups.append(
-            RolloutGroup(w, sw.harness, parent_size, recs, dataset.probes_of(w), dataset.questions_of(w))
+
+def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[str, float]:
+    """The RL loop, one optimizer step per iteration. Returns the last step's metrics."""
+    timer, is_driver = stage.timer, stage.is_driver
+    harness, G = next(iter(cfg.harnesses)), cfg.rl.num_rollouts_per_window
+
+    def evaluate(step: int) -> dict[str, float]:
+        return rl_chunk_reward(
+            stage.collector, stage.eval_dataset, harness, reward, cfg.rl.num_eval_rollouts, step
         )
-    return groups
 
-
-def advantage_items(results, scored, num_rollouts: int) -> list[TrainItem]:
-    """Every kept segment of every usable rollout with its chunk's advantage A[i, t]; `rl_items`
-    raises for a segment whose chunk has no advantage (silent failure 3)."""
-    adv: dict[tuple[str, int], float] = {}
-    segs = []
-    for j, g in enumerate(scored):
-        for i, r in enumerate(results[j * num_rollouts : (j + 1) * num_rollouts]):
-            if r.record.status == "platform_error":
-                continue  # excluded from the group's statistics and from training (silent failure 7)
-            for t, c in enumerate(g.chunk_indices):
-                adv[(r.record.trajectory_id, c)] = g.scores.adv_GC[i][t]
-            segs += r.segments
-    return rl_items(segs, adv)
-
-
-def reduce_metrics(results, scored) -> dict[str, float]:
-    m: dict[str, float] = defaultdict(float)
-    for r in results:
-        for k, v in r.metrics.items():
-            m[k] += v
-    per_group = defaultdict(list)
-    for g in scored:
-        for k, v in g.metrics.items():
-            per_group[k].append(v)
-    for k, vs in per_group.items():
-        # call and fault counters are sums over groups; the other reward/* are per-group means
-        m[k] = float(np.sum(vs)) if k.endswith(("_calls", "_faults", "_retries")) else float(np.mean(vs))
-    return dict(m)
-
-
-def collect(rt: Runtime, reward, cfg: RlConfig, step: int):
-    windows = rt.scheduler.next_windows(cfg.rl.num_windows_per_step)
-    G = cfg.rl.num_rollouts_per_window
-    with rt.timer("rollout"):
-        results = rt.run_rollouts(rt.rollout_tasks(windows, G, step))
-    rt.record_bank_sizes(step, windows, results, G)
-    with rt.timer("reward"):
-        scored = reward.score_groups(make_groups(rt, windows, results, G, rt.dataset))
-    items = advantage_items(results, scored, G)
-    done = []
-    for j, (sw, g) in enumerate(zip(windows, scored, strict=True)):
-        if g.best_rollout is None:  # no valid rollout: the window is retried next step, lineage unchanged
-            continue
-        rt.promote(sw, results[j * G + g.best_rollout])  # highest sum of chunk scores (report)
-        done.append(sw)
-    m = reduce_metrics(results, scored)
-    m["rollout/windows_done"] = float(len(done))
-    return items, m, done
-
-
-def evaluate(rt: Runtime, reward, cfg: RlConfig, step: int) -> dict[str, float]:
-    """Held-out sequences: mean per-chunk reward terms of `rl.num_eval_rollouts` rollouts per first
-    window, from empty banks."""
-    from data_pipeline.store import BuiltDataset
-    from hymem_train.rollout.scheduler import ScheduledWindow
-
-    ds = BuiltDataset(cfg.data.eval_path)
-    harness = next(iter(cfg.harnesses))
-    n = cfg.rl.num_eval_rollouts
-    results = rt.run_rollouts(eval_tasks(rt, ds, n, step, harness))
-    firsts = [ScheduledWindow(w, harness, -1) for w in ds.windows if w.index == 0]
-    scored = reward.score_groups(make_groups(rt, firsts, results, n, ds))
-    vals = defaultdict(list)
-    for g in scored:
-        s = g.scores
-        for name in ("prm", "orm", "pen", "s"):
-            arr = np.asarray(getattr(s, f"{name}_GC"), dtype=float)
-            valid = np.asarray(s.valid_GC, dtype=bool)
-            vals[name] += list(arr[valid])
-    return {f"eval/{k}": float(np.mean(v)) for k, v in vals.items() if v}
-
-
-class HarnessRewards:
-    """One reward service per declared harness configuration (a reward actor searches banks through one
-    harness); groups are routed by their harness and results come back in group order."""
-
-    def __init__(self, cfg: RlConfig, run_dir, manifest, embedder=None):
-        from hymem_train.rollout.harness_factory import BankReaderFactory
-        from reward.service import RewardService
-
-        self.services = {
-            name: RewardService(cfg.reward, BankReaderFactory(h, run_dir, embedder), manifest=manifest)
-            for name, h in cfg.harnesses.items()
-        }
-
-    def score_groups(self, groups: list[RolloutGroup]):
-        out: list = [None] * len(groups)
-        for name, svc in self.services.items():
-            idx = [i for i, g in enumerate(groups) if g.harness == name]
-            if idx:
-                for i, r in zip(idx, svc.score_groups([groups[i] for i in idx]), strict=True):
-                    out[i] = r
-        missing = [groups[i].harness for i, r in enumerate(out) if r is None]
-        if missing:  # silent failure 4: a group of an undeclared harness must not pass unscored
-            raise ValueError(f"no reward service for harness(es) {sorted(set(missing))}")
-        return out
-
-    def shutdown(self) -> None:
-        for svc in self.services.values():
-            svc.shutdown()
-
-
-def run(cfg: RlConfig) -> dict[str, float]:
-    rt = Runtime(cfg, growth_bounds=cfg.reward.scoring.growth_bounds)
-    reader_server = reward = None
-    try:
-        if rt.is_driver:
-            if cfg.local_reader:
-                reader_server = start_local_reader(rt, cfg)
-            reward = HarnessRewards(cfg, rt.run_dir, rt.dataset.manifest, rt.reader_embedder)
-        last = rt.steps(
-            collect=lambda step: collect(rt, reward, cfg, step),
-            evaluate=lambda step: evaluate(rt, reward, cfg, step),
-            loss_kind="ppo",
-        )
-        if rt.is_driver:
-            rt.logger.plot(["reward/s", "reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac",
-                            "reward/zero_advantage_share"],
-                           "rl_curves.png")  # fmt: skip
-    except BaseException:
-        _stop(reward, reader_server)
-        rt.close(failed=True)
-        raise
-    _stop(reward, reader_server)
-    rt.close()
+    if is_driver and stage.eval_dataset is not None and stage.start_step == 0:
+        log_step(stage, 0, evaluate(0))
+    last: dict[str, float] = {}
+    for step in range(stage.start_step + 1, cfg.num_steps + 1):
+        items, m, done = None, {}, []
+        if is_driver and cfg.rollout.mode == "train_only":  # replay a dumped rollout batch
+            items = stage.dumps.load(step)
+        elif is_driver:
+            # 1. rollouts: G per window, each from its own fork of the window's parent bank
+            windows = stage.scheduler.next_windows(cfg.rl.num_windows_per_step)
+            with timer("rollout"):
+                groups = stage.collector.collect(windows, G, step)
+            stage.callbacks.on_rollouts(step, groups)
+            # 2. score every chunk of every rollout: s[t], then A[i, t] per chunk column
+            with timer("reward"):
+                scored = reward.score_groups([g.reward_group(stage.dataset) for g in groups])
+            # 3. train items: every call of chunk t of rollout i gets A[i, t]
+            items = advantage_items(groups, scored)
+            # 4. the rollout with the highest sum of chunk scores carries the bank on (report); a window
+            #    with no valid rollout is retried next step from the same parent
+            for g, res in zip(groups, scored, strict=True):
+                if res.best_rollout is not None:
+                    stage.collector.promote(g, res.best_rollout)
+                    done.append(g.scheduled)
+            m = {**sum_rollout_metrics(groups), **reduce_group_metrics(scored)}
+            m["rollout/windows_done"] = float(len(done))
+            if cfg.rollout.dump:
+                stage.dumps.save(step, items)
+        # 5. PPO on every rank, then push the weights to the rollout engine
+        items = stage.trainer.broadcast(items) or []
+        if cfg.rollout.mode != "rollout_only" and items:
+            with timer("train"):
+                m.update(stage.trainer.train_items(items, "ppo"))
+            with timer("sync"):
+                m.update(stage.trainer.sync_weights(stage.sync_receivers, step))
+        # 6. advance the windows that finished, evaluate, checkpoint, log
+        if is_driver:
+            stage.scheduler.advance(done)
+            stage.collector.clean(step)
+            if stage.eval_dataset is not None and (step % cfg.save_every == 0 or step == cfg.num_steps):
+                with timer("eval"):
+                    m.update(evaluate(step))
+        stage.checkpoints.maybe_save(step, stage.scheduler)
+        m.update(timer.pop())
+        log_step(stage, step, m)
+        last = m
+    export_hf(stage.trainer, cfg.model, stage.run_dir / "final")
+    if is_driver:
+        stage.callbacks.on_train_end()
     return last
 
 
-def _stop(reward, reader_server) -> None:
-    if reward is not None:
-        reward.shutdown()
-    if reader_server is not None:
-        reader_server.stop()
-
-
-def start_local_reader(rt: Runtime, cfg: RlConfig):
-    """CPU boxes: the frozen reader served by an HF engine behind a frozen-mode gateway."""
-    import dataclasses
-
-    from hymem_train.engines import EngineConfig, build_engine
-    from hymem_train.gateway.runner import GatewayServer
-    from hymem_train.gateway.server import Gateway, GatewayConfig
-
-    eng = build_engine(EngineConfig(capture_routes=False, max_model_len=cfg.engine.max_model_len), cfg.reader_model,
-                       rt.tokenizer)  # fmt: skip
-    gw = Gateway(
-        eng,
-        rt.tokenizer,
-        GatewayConfig(frozen=True, embeddings=False, served_model_name=cfg.reward.reader.model),
-    )
-    server = GatewayServer(gw).start()
-    cfg.reward = dataclasses.replace(
-        cfg.reward, reader=dataclasses.replace(cfg.reward.reader, base_url=server.base_url)
-    )
-    return server
+def run(cfg: RlConfig) -> dict[str, float]:
+    stage = build_stage(cfg, growth_bounds=cfg.reward.scoring.growth_bounds)
+    reader = reward = None
+    failed = True
+    try:
+        if stage.is_driver:
+            if cfg.local_reader:  # CPU boxes: the frozen reader in this process
+                reader = start_frozen_server(
+                    cfg.reader_model, stage.tokenizer, served_model_name=cfg.reward.reader.model,
+                    max_model_len=cfg.engine.max_model_len,
+                )  # fmt: skip
+                cfg.reward.reader = dataclasses.replace(cfg.reward.reader, base_url=reader.base_url)
+            reward = HarnessRewards(cfg.reward, stage.bank_readers, stage.dataset.manifest)
+            stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "rl_curves.png"))
+        last = train(stage, reward, cfg)
+        failed = False
+    finally:
+        if reward is not None:
+            reward.shutdown()
+        if reader is not None:
+            reader.stop()
+        stage.close(failed=failed)
+    return last
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="rl", version_base=None)

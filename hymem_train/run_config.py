@@ -1,8 +1,9 @@
 """Root configs of the entry points, composed from the component dataclasses (STYLE.md 3).
 
 Each entry point has a primary `configs/<name>.yaml` and a schema here; `+exp=NAME` overlays from
-`configs/exp/` change only what differs. Components add their own sections as they land (trainer,
-data, harness, reward): a section is a dataclass next to the code it configures.
+`configs/exp/` change only what differs. Every component's dataclass lives in a `config` module
+next to its code that imports no torch, Ray or HTTP stack, so composing and validating a run
+(`tests/config`, a preflight) costs no heavy import (tests/config/test_config_imports.py).
 """
 
 from __future__ import annotations
@@ -11,12 +12,64 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from harnesses.registry import HarnessConfig, get_spec
 from hymem_train.config import ClusterConfig, LoggingConfig, RunConfig
-from hymem_train.engines import EngineConfig
-from hymem_train.gateway.server import GatewayConfig
-from hymem_train.models.loading import ModelConfig
-from hymem_train.runtime import StageConfig
-from reward.service import RewardConfig
+from hymem_train.engines.config import EngineConfig
+from hymem_train.gateway.config import GatewayConfig
+from hymem_train.models.config import ModelConfig
+from hymem_train.rollout.config import RolloutConfig
+from hymem_train.trainer.config import TrainerConfig
+from reward.config import RewardConfig
+
+
+@dataclass
+class DataRef:
+    path: str = "???"  # a built dataset directory (python -m data_pipeline.build), one harness profile
+    eval_path: str = ""  # held-out built dataset for evaluation ("" = none)
+
+
+@dataclass
+class StageConfig:
+    """Fields both training stages share; OpdConfig / RlConfig add theirs."""
+
+    trainer: TrainerConfig  # configs/trainer/{opd,rl}.yaml
+    model: ModelConfig = field(default_factory=ModelConfig)  # the policy (student)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # rollout engine behind the gateway
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    # the declared harness set (name -> config); the schedule manifest is reconciled against it
+    harnesses: dict[str, HarnessConfig] = field(default_factory=dict)
+    data: DataRef = field(default_factory=DataRef)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    num_steps: int = 100  # optimizer steps of this stage
+    save_every: int = 10  # checkpoint (and held-out evaluation) every N steps, and at the end
+    init_checkpoint: str = ""  # HF checkpoint directory to start the policy from ("" = model config)
+
+    def validate(self) -> None:
+        self.model.validate(), self.engine.validate(), self.trainer.validate(), self.rollout.validate()
+        self.cluster.validate(), self.logging.validate()
+        if not self.harnesses:
+            raise ValueError("harnesses: declare at least one harness configuration")
+        for name, h in self.harnesses.items():
+            h.validate()
+            if get_spec(h.framework, h.scene).held_out:  # report: EverMemOS is evaluation-only
+                raise ValueError(
+                    f"harnesses.{name}: framework {h.framework!r} is held out (evaluation only); "
+                    "a training stage refuses it"
+                )
+        if self.num_steps < 1 or self.save_every < 1:
+            raise ValueError("num_steps and save_every must be >= 1")
+
+
+def ray_cpu_demand(cfg: StageConfig) -> float:
+    """CPUs the stage's Ray actors reserve: rollout workers, plus the reward actors of every harness (RL)."""
+    demand = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker if cfg.rollout.use_ray else 0.0
+    reward = getattr(cfg, "reward", None)
+    if reward is not None:
+        demand += len(cfg.harnesses) * reward.num_actors * reward.num_cpus_per_actor
+    return demand
 
 
 @dataclass
@@ -30,11 +83,8 @@ class OpdAlgoConfig:
 class RlAlgoConfig:
     num_rollouts_per_window: int = 8  # report: 8 rollouts from independent copies of the parent bank
     num_windows_per_step: int = 64  # report: 64 windows x 8 rollouts = 512 trajectories
-    max_chunks_per_window: int = 5  # report: windows of at most 5 chunks
-    init_from_opd_step: int = 375  # report: RL starts from OPD step 375
-    # held-out evaluation: sampled rollouts of the first window of every eval sequence, from an empty bank
-    # (the mean per-chunk score over few cells is noise: 3 sequences x 3 chunks x 2 rollouts moved by
-    # one probe per cell)
+    # held-out evaluation: sampled rollouts of the first window of every eval sequence, from an empty
+    # bank (few cells make the mean per-chunk score noisy: docs/stages.md)
     num_eval_rollouts: int = 2
 
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,11 +23,13 @@ import hydra
 from omegaconf import DictConfig
 
 from hymem_train.config import CONFIG_DIR, to_typed
-from hymem_train.models.loading import ModelConfig, load_model, load_tokenizer_for
+from hymem_train.models.config import ModelConfig
+from hymem_train.models.loading import load_model
 from hymem_train.segments import Segment
-from hymem_train.trainer.engine import Trainer, TrainerConfig
+from hymem_train.trainer.config import TrainerConfig
+from hymem_train.trainer.engine import Trainer
+from hymem_train.trainer.export import export_hf
 from hymem_train.trainer.packing import TrainItem, plan_step
-from hymem_train.trainer.weight_sync import iter_full_param_buckets
 
 log = logging.getLogger(__name__)
 
@@ -96,31 +96,6 @@ def step_batches(segments: list[Segment], cfg: SftConfig) -> list[list[Segment]]
     return steps[: cfg.max_steps] if cfg.max_steps else steps
 
 
-def persistent_buffers(model) -> dict:
-    """The model's persistent buffers (HYV3's router `e_score_correction_bias`), which ZeRO-3 does not
-    partition: without them the export loads with MISSING keys, silently re-initialised to zeros."""
-    out = {}
-    for mod_name, mod in model.named_modules():
-        for name, buf in mod._buffers.items():
-            if buf is not None and name not in mod._non_persistent_buffers_set:
-                out[f"{mod_name}.{name}" if mod_name else name] = buf.detach().cpu().clone()
-    return out
-
-
-def export_hf(trainer: Trainer, cfg: SftConfig, out: Path) -> None:
-    """Collective (gathers ZeRO-3 shards); rank 0 writes `out` via a temp dir and a rename."""
-    full = {n: t for bucket in iter_full_param_buckets(trainer.model, 256 << 20) for n, t in bucket}
-    full.update(persistent_buffers(trainer.model))
-    if trainer.rank == 0:
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        trainer.model.save_pretrained(tmp, state_dict=full)
-        load_tokenizer_for(cfg.model).save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-        log.info("exported %s", out)
-
-
 def run(cfg: SftConfig) -> dict[str, float]:
     out_dir, ckpt_dir = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoints"
     trainer = Trainer(cfg.trainer, load_model(cfg.model))
@@ -139,7 +114,7 @@ def run(cfg: SftConfig) -> dict[str, float]:
             trainer.save(str(ckpt_dir), {"data_cursor": s + 1})
     if cursor < len(steps):
         trainer.save(str(ckpt_dir), {"data_cursor": len(steps)})
-    export_hf(trainer, cfg, out_dir / "final")
+    export_hf(trainer, cfg.model, out_dir / "final")
     trainer.close()
     return metrics
 

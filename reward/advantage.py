@@ -104,27 +104,3 @@ def grpo_advantages(
     if level == "window":
         return grpo_window_advantages(scores_GC, valid_GC, eps=eps)
     raise ValueError(f"advantage level {level!r} not in {ADVANTAGE_LEVELS}")
-
-
-def segment_advantages(
-    adv_GC: Sequence[Sequence[float]], chunk_pos_GS: Sequence[Sequence[int | None]], *, where: str = ""
-) -> list[list[float]]:
-    """Each LLM call (segment) gets its own chunk's A[i,t]: all calls of chunk t share it.
-
-    A segment with no chunk, or a chunk outside the window, raises (silent failure 3): broadcasting
-    one score over unmapped calls would train them on another chunk's reward.
-    """
-    if len(chunk_pos_GS) != len(adv_GC):
-        raise ValueError(f"{where}: segments for {len(chunk_pos_GS)} rollouts, advantages for {len(adv_GC)}")
-    out = []
-    for i, (adv_C, pos_S) in enumerate(zip(adv_GC, chunk_pos_GS, strict=True)):
-        row = []
-        for s, t in enumerate(pos_S):
-            if t is None or not 0 <= t < len(adv_C):
-                raise ValueError(
-                    f"{where}: rollout {i} segment {s} has chunk index {t!r}, not a chunk of this "
-                    f"window (0..{len(adv_C) - 1}); missing chunk mapping (silent failure 3)"
-                )
-            row.append(adv_C[t])
-        out.append(row)
-    return out

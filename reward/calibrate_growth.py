@@ -8,7 +8,7 @@ but does not publish them (docs/reward.md). The frameworks store very differentl
 fact, MemOS pages, the native harness terse lines), so bounds from one do not transfer: we derive them
 from what the distilled policy does in each harness before RL starts, i.e. from OPD rollouts. Every
 OPD and RL step appends one line per training rollout to `<run>/bank_sizes.jsonl`
-(`Runtime.record_bank_sizes`); this module reads those lines.
+(`hymem_train/callbacks/bank_sizes.py`); this module reads those lines.
 
 Our choices (the report is silent on each; change them with the flags):
 - **floor_tokens** = the median size of a first write into an empty bank (parent 0 tokens, chunk
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from reward.bank_sizes import load_rows
 
-BANK_SIZES_FILE = "bank_sizes.jsonl"  # written into every OPD / RL run directory
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,39 +61,6 @@ class Calibration:
             f"{p}.upper={self.upper:.4g}",
             f"{p}.floor_tokens={self.floor_tokens}",
         ]
-
-
-def load_rows(run_dirs: list[Path]) -> list[dict]:
-    """Every recorded training rollout of the given runs, the last line per trajectory (a resumed step
-    records its rollouts again). A truncated final line (a run killed mid-write) is skipped with a
-    warning; a bad line anywhere else is an error."""
-    rows: list[dict] = []
-    for d in run_dirs:
-        p = Path(d) / BANK_SIZES_FILE
-        if not p.exists():
-            raise FileNotFoundError(
-                f"{p}: no bank sizes recorded; every OPD/RL step writes this file (run OPD with this version)"
-            )
-        lines = p.read_text().splitlines()
-        by_tid: dict[str, dict] = {}
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:
-                    log.warning("%s: skipping a truncated last line (a killed run)", p)
-                    continue
-                raise ValueError(f"{p}:{i + 1}: not a JSON line") from None
-            missing = {"trajectory_id", "harness", "parent_size_tokens", "size_tokens", "chunk_status"} - set(
-                row
-            )
-            if missing:
-                raise ValueError(f"{p}:{i + 1}: missing {sorted(missing)}")
-            by_tid[row["trajectory_id"]] = row
-        rows += by_tid.values()
-    return rows
 
 
 def write_pairs(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:

@@ -22,6 +22,8 @@ from typing import Any, Generic, TypeVar
 
 import openai
 
+from reward.config import LlmClientConfig
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Message = dict[str, Any]
@@ -42,28 +44,6 @@ class Fault:
     kind: str  # "timeout" | "connection" | "http_<status>" | "parse"
     detail: str  # last error message, with the item id
     num_attempts: int  # calls made for this item
-
-
-@dataclass
-class LlmClientConfig:
-    """One OpenAI-compatible endpoint serving a frozen model (reader or judge)."""
-
-    base_url: str  # e.g. http://127.0.0.1:8001/v1 (vLLM or the HF engine's server)
-    model: str  # model name sent with every request
-    api_key: str = "EMPTY"  # vLLM and the HF engine accept any key unless started with one
-    timeout_s: float = 60.0  # per request; a timeout is a platform fault (retried)
-    num_retries: int = 2  # extra attempts after the first, per item
-    retry_backoff_s: float = 0.5  # sleep before retry k is retry_backoff_s * 2**k
-    max_concurrency: int = 32  # requests in flight at once; 1 = one at a time
-    max_tokens: int = 256  # response budget per call
-    temperature: float = 0.0  # frozen scorer: greedy, so a rescoring gives the same verdict
-    json_mode: bool = False  # send response_format={"type":"json_object"} (vLLM guided decoding)
-
-    def validate(self) -> None:
-        if self.num_retries < 0 or self.max_concurrency < 1 or self.timeout_s <= 0:
-            raise ValueError(
-                f"llm client {self.model}: need num_retries >= 0, max_concurrency >= 1, timeout_s > 0"
-            )
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,16 @@ from typing import Any
 import ray
 from ray.util import ActorPool
 
-from reward.advantage import segment_advantages
+from reward.config import RewardConfig
 from reward.judge import ExactMatchScorer, LlmJudge, OrmVerdict, ProbeItem, QuestionItem, Reader
-from reward.llm import ChatClient, Fault, LlmClientConfig
+from reward.llm import ChatClient, Fault
 from reward.records import RolloutGroup, RolloutRecord, gold_fact_positions, probe_position, validate_group
 from reward.scoring import GroupScores, JudgedRollout, ScoringConfig, score_group
 from reward.terms import FAULT
 
 log = logging.getLogger(__name__)
 
-JUDGE_KINDS = ("llm", "exact_match")
+
 M_READER_CALLS = "reward/reader_calls"  # sum over groups
 M_JUDGE_CALLS = "reward/judge_calls"  # sum over groups
 M_RETRIES = "reward/llm_retries"  # reader + judge retries, sum over groups
@@ -47,28 +47,6 @@ HarnessFactory = Callable[[], Any]  # () -> harnesses.base.Harness, picklable (i
 
 
 @dataclass
-class RewardConfig:
-    """The reward service: scoring math, the frozen reader and judge, and the actor pool."""
-
-    scoring: ScoringConfig  # weights and ablation switches
-    reader: LlmClientConfig  # frozen answer model endpoint
-    judge: LlmClientConfig  # frozen judge endpoint (unused when judge_kind = exact_match)
-    judge_kind: str = "llm"  # "llm" | "exact_match" (synthetic answers_atomic datasets only)
-    search_k: int = 10  # memories retrieved per probe / question through the harness's own search
-    num_actors: int = 2  # reward actors in the pool (each scores one rollout at a time)
-    num_cpus_per_actor: float = 0.5  # Ray CPU reservation per actor (bank search + HTTP; light)
-
-    def validate(self) -> None:
-        self.scoring.validate()
-        self.reader.validate()
-        self.judge.validate()
-        if self.judge_kind not in JUDGE_KINDS:
-            raise ValueError(f"reward config: judge_kind={self.judge_kind!r} not in {JUDGE_KINDS}")
-        if self.search_k < 1 or self.num_actors < 1:
-            raise ValueError("reward config: search_k and num_actors must be >= 1")
-
-
-@dataclass
 class GroupResult:
     window_id: str  # Window.window_id
     chunk_indices: list[int]  # sequence-level chunk of each column
@@ -76,14 +54,6 @@ class GroupResult:
     scores: GroupScores  # prm/orm/pen/s/valid/adv per (rollout, chunk)
     best_rollout: int | None  # highest sum of s[t] among fully valid rollouts (its bank is promoted)
     metrics: dict[str, float] = field(default_factory=dict)
-
-    def segment_advantages(self, rollout: int, segment_chunks: Sequence[int | None]) -> list[float]:
-        """A[i,t] for each LLM call of rollout i, given each call's Chunk.index (silent failure 3)."""
-        pos = {c: t for t, c in enumerate(self.chunk_indices)}
-        mapped = [pos.get(c, -1) if c is not None else None for c in segment_chunks]
-        return segment_advantages(
-            [self.scores.adv_GC[rollout]], [mapped], where=f"window {self.window_id} rollout {rollout}"
-        )[0]
 
 
 def best_rollout(s_GC: list[list[float]], valid_GC: list[list[bool]]) -> int | None:

@@ -8,7 +8,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "Gateway": "server",
-    "GatewayConfig": "server",
+    "GatewayConfig": "config",
     "GatewayServer": "runner",
     "IdentityMismatch": "identity",
     "IdentityRegistry": "identity",

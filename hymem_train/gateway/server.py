@@ -13,7 +13,6 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +20,7 @@ from fastapi.responses import JSONResponse
 
 from hymem_train.engines.base import PromptTooLongError, SamplingParams
 from hymem_train.gateway.batcher import Batcher
+from hymem_train.gateway.config import GatewayConfig
 from hymem_train.gateway.identity import IdentityError, IdentityMismatch, IdentityRegistry
 from hymem_train.gateway.store import SegmentStore
 from hymem_train.segments import Segment
@@ -33,20 +33,6 @@ _IGNORED = {"user", "metadata", "store", "frequency_penalty", "presence_penalty"
             "max_completion_tokens", "tools", "tool_choice", "logit_bias"}  # fmt: skip
 _KNOWN = _IGNORED | {"model", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
                      "stream"}  # fmt: skip
-
-
-@dataclass
-class GatewayConfig:
-    host: str = "127.0.0.1"  # bind address; sandboxes reach it over loopback (or the cluster network)
-    port: int = 0  # 0 = any free port (tests, demo)
-    served_model_name: str = "policy"  # the `model` field clients must send
-    max_batch_size: int = 16  # requests per batched engine call
-    batch_wait_ms: float = 10.0  # how long the batcher waits to fill a batch
-    default_max_tokens: int = 256  # when the request gives no max_tokens
-    embeddings: bool = True  # serve /v1/embeddings with the local MiniLM
-    admin_token: str = ""  # required in X-Admin-Token for /admin/*; empty = a random one per process
-    frozen: bool = False  # a frozen model (reader / judge / teacher): any key, no identity, no segments
-    seed: int = 0  # run seed mixed into per-call sampling seeds (requests without their own seed)
 
 
 class ApiError(Exception):

@@ -30,6 +30,7 @@ from data_pipeline.schema import Chunk, Window
 from harnesses.base import Endpoint, WriteResult, WriteStatus, fork_bank_dirs
 from harnesses.registry import HarnessConfig, make_harness
 from hymem_train.gateway.client import GatewayAdmin
+from hymem_train.rollout.config import FaultConfig
 from hymem_train.segments import Segment
 from reward.records import ChunkSnapshot, RolloutRecord
 
@@ -40,22 +41,6 @@ M_DISCARDED = "rollout/discarded_segments"  # calls of retried (failed) write at
 M_POLICY_ERRORS = "rollout/policy_error_chunks"  # chunks whose write was malformed policy output, sum
 M_PLATFORM_ERRORS = "rollout/platform_error_rollouts"  # rollouts ended by a persistent platform fault, sum
 M_WRITE_S = "perf/rollout_write_s"  # seconds spent in harness writes, sum
-
-
-@dataclass
-class FaultConfig:
-    """Fault injection for chaos tests of a whole run (off by default; DESIGN.md section 2 rules).
-
-    Each entry names rollouts by their index within the window's group, so a run hits the same
-    faults on every window; "i:t" adds the chunk position t.
-    """
-
-    kill_sandbox: list[str] = field(
-        default_factory=list
-    )  # "i:t": SIGKILL rollout i's sandbox while chunk t is written
-    foreign_identity: list[int] = field(
-        default_factory=list
-    )  # rollout i sends one call under another trajectory's path
 
 
 @dataclass

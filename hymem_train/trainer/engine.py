@@ -16,44 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from hymem_train.trainer.losses import LossConfig
-from hymem_train.trainer.packing import MicroBatch, PackingConfig
+from hymem_train.trainer.config import TrainerConfig
+from hymem_train.trainer.packing import MicroBatch
 from hymem_train.trainer.policy import PolicyLoss
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerConfig:
-    lr: float  # constant learning rate (report: 1e-6 OPD, 5e-6 RL)
-    weight_decay: float = 0.0  # AdamW weight decay
-    adam_beta1: float = 0.9  # AdamW beta1
-    adam_beta2: float = 0.999  # AdamW beta2
-    adam_eps: float = 1e-8  # AdamW epsilon
-    max_grad_norm: float = 1.0  # global gradient-norm clip (0 = off)
-    zero_stage: int = 3  # DeepSpeed ZeRO stage (3 in the report's setup)
-    zero_persistence_threshold: int = 100_000  # ZeRO-3: params with fewer elements stay whole (tests: 0)
-    precision: str = "auto"  # "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32"
-    gradient_checkpointing: bool = True  # recompute decoder layers in backward
-    routing_replay: bool = True  # force the rollout engine's experts in the training forward
-    seed: int = 0  # seeds torch / numpy / python RNGs on every rank
-    loss: LossConfig = field(default_factory=LossConfig)  # which loss and its knobs
-    packing: PackingConfig = field(default_factory=PackingConfig)  # micro-batch packing
-
-    def validate(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"trainer.lr={self.lr}: must be > 0")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"trainer.zero_stage={self.zero_stage}: want 0-3")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"trainer.precision={self.precision!r}: want 'auto', 'bf16' or 'fp32'")
-        self.loss.validate()
-        self.packing.validate()
 
 
 def init_distributed() -> tuple[int, int]:
@@ -198,6 +169,22 @@ class Trainer:
             torch.distributed.all_reduce(vec)  # every metric is a sum: reduce by addition
         tot = dict(zip(keys + ["_mm_diff", "_mm_tot"], vec.tolist(), strict=True))
         return self._metrics(tot, grad_norm, time.perf_counter() - t0)
+
+    def train_items(self, items: list, loss_kind: str) -> dict[str, float]:
+        """Collective: pack the step's items over every rank (each gets the same number of
+        micro-batches) and train on this rank's share."""
+        from hymem_train.trainer.packing import plan_step
+
+        per_rank = plan_step(items, self.cfg.packing, loss_kind, self.world_size)
+        return self.train_step(per_rank[self.rank])
+
+    def broadcast(self, obj):
+        """Collective: rank 0's picklable `obj` on every rank (a no-op on one rank)."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
 
     def _plain_grad_norm(self) -> float:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]

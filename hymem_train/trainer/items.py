@@ -75,3 +75,28 @@ def rl_items(
             )
         )
     return out
+
+
+def teacher_items(groups: Sequence, teacher, k: int) -> list[TrainItem]:
+    """OPD: the teacher's top-k over every segment of every usable rollout of the step's
+    `WindowRollouts` (platform failures are excluded: silent failure 7); `opd_items` raises on a
+    missing or short teacher answer (silent failure 2)."""
+    segs = [s for g in groups for _, r in g.usable() for s in r.segments]
+    if not segs:
+        return []
+    return opd_items(segs, teacher.topk_logprobs([s.input_ids for s in segs], k))
+
+
+def advantage_items(groups: Sequence, scored: Sequence) -> list[TrainItem]:
+    """RL: every segment of every usable rollout with its chunk's advantage A[i, t], from each
+    window's `WindowRollouts` and its reward `GroupResult` (rows in rollout order). Platform-failed
+    rollouts are excluded from training (silent failure 7); `rl_items` raises for a segment whose
+    chunk has no advantage (silent failure 3)."""
+    adv: dict[tuple[str, int], float] = {}
+    segs: list[Segment] = []
+    for g, res in zip(groups, scored, strict=True):
+        for i, r in g.usable():
+            for t, c in enumerate(res.chunk_indices):
+                adv[(r.record.trajectory_id, c)] = res.scores.adv_GC[i][t]
+            segs += r.segments
+    return rl_items(segs, adv)

@@ -8,43 +8,11 @@ Legend: N loss positions (response tokens of the micro-batch), K teacher top-k (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-OPD_FORMS = ("report", "tail")
+from hymem_train.trainer.config import OPD_FORMS
+
 _EPS = 1e-12
-
-
-@dataclass
-class LossConfig:
-    kind: str = "opd"  # "opd" (stage 1), "ppo" (stage 2) or "sft" (cross-entropy on response tokens)
-    opd_form: str = "report"  # "report": KL over the teacher top-k only; "tail": adds the (k+1)-th bucket
-    entropy_coef: float = 0.005  # OPD entropy bonus coefficient (report: 0.005)
-    clip_low: float = 0.2  # PPO ratio lower clip: 1 - clip_low
-    clip_high: float = 0.2  # PPO ratio upper clip: 1 + clip_high
-    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None = off
-    ratio_source: str = (
-        "rollout"  # "rollout": engine logprobs; "recompute": old policy forward before the update
-    )
-    temperature: float = 1.0  # logits divided by it; 1 matches the engines' raw logprobs (engines/base.py)
-    block_rows: int = 4096  # chunked LM head tile: loss positions per row block
-    block_vocab: int = 2048  # chunked LM head tile: vocab entries per block
-    log_entropy: bool = False  # PPO/SFT: also compute the entropy (logging only, ~15% more loss-head time)
-
-    def validate(self) -> None:
-        if self.kind not in ("opd", "ppo", "sft"):
-            raise ValueError(f"trainer.loss.kind={self.kind!r}: want 'opd', 'ppo' or 'sft'")
-        if self.opd_form not in OPD_FORMS:
-            raise ValueError(f"trainer.loss.opd_form={self.opd_form!r}: want one of {OPD_FORMS}")
-        if self.ratio_source not in ("rollout", "recompute"):
-            raise ValueError(
-                f"trainer.loss.ratio_source={self.ratio_source!r}: want 'rollout' or 'recompute'"
-            )
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"trainer.loss.dual_clip={self.dual_clip}: must be > 1 (or null)")
-        if self.block_rows < 1 or self.block_vocab < 1:
-            raise ValueError("trainer.loss.block_rows / trainer.loss.block_vocab must be >= 1")
 
 
 def opd_token_loss(

@@ -25,29 +25,10 @@ import numpy as np
 import torch
 
 from hymem_train.segments import NOT_ROUTED, Segment
+from hymem_train.trainer.config import PackingConfig
 from hymem_train.trainer.losses import sequence_mean_weights, token_mean_weight
 
 log = logging.getLogger(__name__)
-
-MASK_MODES = ("segments", "block_causal", "position_ids")
-
-
-@dataclass
-class PackingConfig:
-    num_tokens_per_micro_batch: int = 4096  # capacity of one packed row (prompt + response tokens)
-    pad_to_multiple: int = 8  # row length rounded up to this (kernel-friendly shapes)
-    mask: str = (
-        "segments"  # "segments" (per-segment sdpa), "block_causal" (dense mask), "position_ids" (flash)
-    )
-    max_segments_per_micro_batch: int = 0  # cap on segments per row (0 = no cap)
-
-    def validate(self) -> None:
-        if self.num_tokens_per_micro_batch < 2:
-            raise ValueError("trainer.packing.num_tokens_per_micro_batch must be >= 2")
-        if self.pad_to_multiple < 1:
-            raise ValueError("trainer.packing.pad_to_multiple must be >= 1")
-        if self.mask not in MASK_MODES:
-            raise ValueError(f"trainer.packing.mask={self.mask!r}: want one of {MASK_MODES}")
 
 
 @dataclass

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from hymem_train.trainer.chunked_head import chunked_head
+from hymem_train.trainer.config import LossConfig
 from hymem_train.trainer.losses import (
-    LossConfig,
     opd_support_stats,
     opd_token_loss,
     ppo_token_loss,

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from reward.calibrate_growth import BANK_SIZES_FILE, calibrate, load_rows, main, to_yaml, write_pairs
+from reward.bank_sizes import BANK_SIZES_FILE, load_rows
+from reward.calibrate_growth import calibrate, main, to_yaml, write_pairs
 from reward.scoring import GrowthBounds, ScoringConfig
 
 

@@ -6,16 +6,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hymem_train.segments import Segment
+from hymem_train.trainer.items import rl_items
 from reward.advantage import (
     chunk_score_valid,
     chunk_scores,
     grpo_advantages,
     grpo_chunk_advantages,
     grpo_window_advantages,
-    segment_advantages,
 )
 
 PRM = [0.5, 1.0, 0.0]
+
+
+def _seg(traj: str, chunk: int, call: int) -> Segment:
+    return Segment(traj, chunk, call, [1, 2], [3], [-1.0], "stop")
+
+
 ORM = [1.0, 0.25, 0.5]
 PEN = [0.0, 0.5, 1.0]
 
@@ -88,20 +95,19 @@ def test_three_llm_calls_in_a_chunk_count_once():
     s = [[0.0, 3.0], [0.0, 1.0], [0.0, 2.0]]
     v = [[True, True]] * 3
     adv = grpo_chunk_advantages(s, v)
-    seg = segment_advantages(adv, [[0, 1, 1, 1], [0, 1], [0, 1]], where="window w0")
+    # the production join (trainer/items.py): each LLM call gets its own chunk's A[i, t]
+    calls = {"a": [0, 1, 1, 1], "b": [0, 1], "c": [0, 1]}
+    items = rl_items(
+        [_seg(traj, c, k) for traj, cs in calls.items() for k, c in enumerate(cs)],
+        {(traj, c): adv[i][c] for i, traj in enumerate(calls) for c in (0, 1)},
+    )
+    it = iter(x.advantage for x in items)
+    seg = [[next(it) for _ in cs] for cs in calls.values()]
     assert seg[0][1:] == pytest.approx([1.0, 1.0, 1.0], abs=1e-5)
     assert seg[1][1] == pytest.approx(-1.0, abs=1e-5)
     assert seg[2][1] == pytest.approx(0.0, abs=1e-6)
     naive = (3 - 2.4) / math.sqrt(0.8)
     assert abs(seg[0][1] - naive) > 0.3
-
-
-@pytest.mark.parametrize("bad", [None, -1, 2])
-def test_segment_without_chunk_mapping_raises(bad):
-    adv = [[0.1, 0.2], [0.3, 0.4]]
-    with pytest.raises(ValueError, match="silent failure 3") as e:
-        segment_advantages(adv, [[0, 1], [0, bad]], where="window w7")
-    assert "window w7" in str(e.value) and "rollout 1 segment 1" in str(e.value)
 
 
 # --- properties (hypothesis): hold for any group, not just the hand-worked ones

@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from hymem_train.config import CONFIG_DIR, ConfigError, compose, to_typed
+from reward.config import RewardConfig
 from reward.schedule import ScheduleError, reconcile_schedule
-from reward.service import RewardConfig
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import pytest
 from data_pipeline.schema import Manifest
 from harnesses.base import MemoryEntry
 from harnesses.testing import HttpFailure, StandInServer
+from reward.config import LlmClientConfig
 from reward.judge import (
     ExactMatchScorer,
     LlmJudge,
@@ -16,7 +17,7 @@ from reward.judge import (
     parse_orm_verdict,
     parse_probe_verdict,
 )
-from reward.llm import ChatClient, EndpointError, Fault, LlmClientConfig, ParseError
+from reward.llm import ChatClient, EndpointError, Fault, ParseError
 
 
 def client(srv, **kw):

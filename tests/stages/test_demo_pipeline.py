@@ -88,7 +88,7 @@ def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
     writes it keeps the config's and the report says why."""
     import random
 
-    from reward.calibrate_growth import BANK_SIZES_FILE
+    from reward.bank_sizes import BANK_SIZES_FILE
 
     args, line = growth_overrides(tmp_path)
     assert args == [] and "not calibrated" in line and "no bank sizes recorded" in line

@@ -1,12 +1,12 @@
-"""A local Ray start too small for the stage's actors fails at start-up instead of hanging (runtime.py)."""
+"""A local Ray start too small for the stage's actors fails at start-up instead of hanging (hymem_train/cluster.py)."""
 
 import logging
 
 import pytest
 
+from hymem_train.cluster import check_ray_capacity
 from hymem_train.config import compose, to_typed
-from hymem_train.run_config import OpdConfig, RlConfig
-from hymem_train.runtime import check_ray_capacity, ray_cpu_demand
+from hymem_train.run_config import OpdConfig, RlConfig, ray_cpu_demand
 
 
 def _rl(*overrides: str) -> RlConfig:
@@ -35,7 +35,7 @@ def test_joined_cluster_only_warns(monkeypatch, caplog):
     import ray
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
-    with caplog.at_level(logging.WARNING, logger="hymem_train.runtime"):
+    with caplog.at_level(logging.WARNING, logger="hymem_train.cluster"):
         check_ray_capacity(
             _rl("rollout.num_workers=16", "rollout.num_cpus_per_worker=0.25", "cluster.ray_address=auto")
         )

@@ -23,9 +23,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from hymem_train.models.presets import build_model, make_config  # noqa: E402
-from hymem_train.trainer.engine import Trainer, TrainerConfig  # noqa: E402
-from hymem_train.trainer.losses import LossConfig  # noqa: E402
-from hymem_train.trainer.packing import PackingConfig, plan_step  # noqa: E402
+from hymem_train.trainer.config import LossConfig, PackingConfig, TrainerConfig  # noqa: E402
+from hymem_train.trainer.engine import Trainer  # noqa: E402
+from hymem_train.trainer.packing import plan_step  # noqa: E402
 from hymem_train.trainer.weight_sync import iter_full_param_buckets  # noqa: E402
 from tests.trainer.helpers import make_items  # noqa: E402
 

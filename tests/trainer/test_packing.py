@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hymem_train.models.routing import RoutingController
-from hymem_train.trainer.losses import LossConfig
-from hymem_train.trainer.packing import PackingConfig, block_causal_mask, padding_share, plan_step
+from hymem_train.trainer.config import LossConfig, PackingConfig
+from hymem_train.trainer.packing import block_causal_mask, padding_share, plan_step
 from hymem_train.trainer.policy import PolicyLoss
 
 from .helpers import make_items

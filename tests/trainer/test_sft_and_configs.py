@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_trainer_groups_validate(group, kind, lr):
     from omegaconf import OmegaConf
 
-    from hymem_train.trainer.engine import TrainerConfig
+    from hymem_train.trainer.config import TrainerConfig
 
     cfg = to_typed(OmegaConf.load(ROOT / "configs" / "trainer" / f"{group}.yaml"), TrainerConfig)
     assert (cfg.loss.kind, cfg.lr) == (kind, lr)  # report: 1e-6 OPD, 5e-6 RL, constant

@@ -8,8 +8,8 @@ import torch
 
 from hymem_train.models.presets import build_model, make_config
 from hymem_train.models.routing import RoutingController
-from hymem_train.trainer.losses import LossConfig
-from hymem_train.trainer.packing import PackingConfig, plan_step
+from hymem_train.trainer.config import LossConfig, PackingConfig
+from hymem_train.trainer.packing import plan_step
 from hymem_train.trainer.policy import PolicyLoss
 from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
 

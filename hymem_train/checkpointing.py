@@ -1,0 +1,30 @@
+"""A stage's checkpoints in `<run>/checkpoints`: the DeepSpeed state (model, optimizer, RNG) with the
+window scheduler's cursor inside, so a run killed at any point resumes from the last checkpoint
+and redoes the windows it had not finished, losing none (docs/stages.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class StageCheckpoints:
+    def __init__(self, trainer: Any, run_dir: str | Path, *, save_every: int, num_steps: int):
+        self.trainer = trainer
+        self.dir = Path(run_dir) / "checkpoints"
+        self.save_every, self.num_steps = save_every, num_steps
+
+    def resume(self) -> tuple[int, dict[str, Any]]:
+        """Collective: (the trainer step to continue after, the saved client state); (0, {}) if new."""
+        if not (self.dir / "latest").exists():
+            return 0, {}
+        state = self.trainer.load(str(self.dir))
+        return int(state["step"]), state
+
+    def maybe_save(self, step: int, scheduler: Any) -> None:
+        """Collective: every `save_every` steps and at the last. `scheduler` is rank 0's (None on the
+        other ranks); its cursor travels inside every rank's checkpoint."""
+        if not (step % self.save_every == 0 or step == self.num_steps):
+            return
+        state = self.trainer.broadcast(scheduler.state() if scheduler is not None else None)
+        self.trainer.save(str(self.dir), {"stage_step": step, "scheduler": state})

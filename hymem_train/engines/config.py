@@ -1,0 +1,22 @@
+"""EngineConfig: the inference engine's knobs (imports nothing heavy, so config schemas stay light)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    kind: str = "hf"  # "hf" (transformers, CPU or one GPU) | "vllm" (GPU clusters)
+    max_model_len: int = 4096  # prompt + response tokens accepted; the report: 28,672 + 4,096
+    max_batch_size: int = 16  # requests per batched forward (hf); vLLM schedules its own
+    capture_routes: bool = True  # record routed experts per token (MoE routing replay)
+    seed: int = 0  # engine sampling seed for requests without their own
+    tensor_parallel_size: int = 1  # vllm only
+    gpu_memory_utilization: float = 0.85  # vllm only
+
+    def validate(self) -> None:
+        if self.kind not in ("hf", "vllm"):
+            raise ValueError(f"engine.kind must be 'hf' or 'vllm', got {self.kind!r}")
+        if self.max_model_len < 2 or self.max_batch_size < 1:
+            raise ValueError("engine.max_model_len must be >= 2 and engine.max_batch_size >= 1")

@@ -1,0 +1,41 @@
+"""Rollout configs: the worker pool and its modes (RolloutConfig), fault injection (FaultConfig).
+No Ray or HTTP import here, so config schemas stay light."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROLLOUT_MODES = ("train", "rollout_only", "train_only")
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection for chaos tests of a whole run (off by default; docs/glossary.md).
+
+    Each entry names rollouts by their index within the window's group, so a run hits the same
+    faults on every window; "i:t" adds the chunk position t.
+    """
+
+    kill_sandbox: list[str] = field(
+        default_factory=list
+    )  # "i:t": SIGKILL rollout i's sandbox while chunk t is written
+    foreign_identity: list[int] = field(
+        default_factory=list
+    )  # rollout i sends one call under another trajectory's path
+
+
+@dataclass
+class RolloutConfig:
+    num_workers: int = 8  # concurrent rollouts (Ray actors, or threads when use_ray=false)
+    use_ray: bool = True  # false: threads in the driver (debugging); the same worker code either way
+    num_cpus_per_worker: float = 0.25  # Ray CPU reservation per worker (workers mostly wait on HTTP)
+    mode: str = "train"  # train | rollout_only (collect + dump, no update) | train_only (replay dumps)
+    dump: bool = False  # write each step's train items to <run>/dumps/step_<k>.pt (replayable)
+    keep_rollout_dirs: bool = False  # keep every step's rollout banks (debugging; disk heavy)
+    faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (chaos tests); off by default
+
+    def validate(self) -> None:
+        if self.mode not in ROLLOUT_MODES:
+            raise ValueError(f"rollout.mode={self.mode!r}: want train, rollout_only or train_only")
+        if self.num_workers < 1:
+            raise ValueError("rollout.num_workers must be >= 1")

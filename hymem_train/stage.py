@@ -1,0 +1,154 @@
+"""The composition root of a training stage: `build_stage(cfg)` builds every part from the config and
+returns them in a `Stage`, which holds parts and has no behaviour. The step loop that uses them is
+written out in `opd.py` and `rl.py`.
+
+One driver process (rank 0) owns the rollout side: the policy engine behind the gateway, the window
+scheduler, bank lineage, the rollout collector (Ray actors, or threads with rollout.use_ray=false)
+and the metrics log. Under torchrun every rank trains: rank 0 collects a step's train items and
+broadcasts them, and every rank trains on its share (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harnesses.base import Endpoint
+from hymem_train.callbacks import Callbacks
+from hymem_train.callbacks.bank_sizes import BankSizeLog
+from hymem_train.callbacks.dumps import StepDumps
+from hymem_train.callbacks.gateway_counters import GatewayCounterDeltas
+from hymem_train.checkpointing import StageCheckpoints
+from hymem_train.config import to_yaml
+from hymem_train.logger import MetricsLogger, StepTimer
+from hymem_train.run_config import StageConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stage:
+    """The parts of a running stage. Fields marked (driver) are None on ranks other than 0."""
+
+    cfg: StageConfig
+    run_dir: Path
+    tokenizer: Any
+    trainer: Any  # trainer.engine.Trainer (DeepSpeed; every rank)
+    checkpoints: StageCheckpoints
+    start_step: int  # the last finished step of a resumed run (0 = a new run)
+    dataset: Any  # data_pipeline.store.BuiltDataset: the training windows
+    eval_dataset: Any  # held-out BuiltDataset, or None (data.eval_path empty)
+    timer: StepTimer
+    dumps: StepDumps
+    engine: Any = None  # (driver) the rollout policy engine; weights arrive only through the sync
+    gateway: Any = None  # (driver) gateway.server.Gateway in front of the engine
+    server: Any = None  # (driver) its HTTP server
+    bank_readers: dict[str, Any] = field(default_factory=dict)  # (driver) harness name -> BankReaderFactory
+    scheduler: Any = None  # (driver) rollout.scheduler.WindowScheduler
+    collector: Any = None  # (driver) rollout.collector.RolloutCollector
+    logger: Any = None  # (driver) logger.MetricsLogger
+    callbacks: Callbacks = field(default_factory=lambda: Callbacks([]))  # (driver) side jobs
+
+    @property
+    def is_driver(self) -> bool:
+        return self.trainer.rank == 0
+
+    @property
+    def sync_receivers(self) -> list:
+        """Where the weight sync sends the trained weights: the driver's engine."""
+        return [self.engine] if self.engine is not None else []
+
+    def close(self, failed: bool = False) -> None:
+        """`failed`: this rank is leaving on an exception; its peers may not reach a barrier."""
+        if self.collector is not None and self.collector.pool is not None:
+            self.collector.pool.shutdown()
+        if self.server is not None:
+            self.server.stop()
+        if self.logger is not None:
+            self.logger.finish()
+        self.trainer.close(barrier=not failed)
+
+
+def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None) -> Stage:
+    """Every part of a stage, built in a fixed order (the RNG draws of model init depend on it)."""
+    import torch
+
+    from data_pipeline.store import BuiltDataset
+    from hymem_train.cluster import check_ray_capacity, init_ray
+    from hymem_train.engines import build_engine
+    from hymem_train.gateway.runner import GatewayServer
+    from hymem_train.gateway.server import Gateway
+    from hymem_train.models.loading import load_model, load_tokenizer_for
+    from hymem_train.rollout.collector import RolloutCollector
+    from hymem_train.rollout.harness_factory import BankReaderFactory
+    from hymem_train.rollout.lineage import BankLineage
+    from hymem_train.rollout.pool import RolloutPool
+    from hymem_train.rollout.scheduler import WindowScheduler
+    from hymem_train.trainer.engine import Trainer
+
+    run_dir = Path(cfg.run.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    tokenizer = load_tokenizer_for(cfg.model)
+    model_cfg = dataclasses.replace(cfg.model, path=cfg.init_checkpoint or cfg.model.path)
+    # the trainer's model and the engine's are separate copies: weights reach the engine only
+    # through the bucketed weight sync, as they do across machines
+    trainer = Trainer(cfg.trainer, load_model(model_cfg))
+    checkpoints = StageCheckpoints(trainer, run_dir, save_every=cfg.save_every, num_steps=cfg.num_steps)
+    start_step, client_state = checkpoints.resume()
+    if start_step:
+        log.info("resumed from %s at step %d", checkpoints.dir, start_step)
+    stage = Stage(
+        cfg, run_dir, tokenizer, trainer, checkpoints, start_step, BuiltDataset(cfg.data.path),
+        BuiltDataset(cfg.data.eval_path) if cfg.data.eval_path else None, StepTimer(), StepDumps(run_dir),
+    )  # fmt: skip
+    if stage.is_driver:
+        init_ray(cfg.cluster)
+        stage.engine = build_engine(cfg.engine, model_cfg, tokenizer)
+        stage.gateway = Gateway(stage.engine, tokenizer, cfg.gateway)
+        stage.server = GatewayServer(stage.gateway).start()
+        # bank readers (reward actors, lineage checks) embed queries through the gateway under an
+        # identity of their own that never declares a chunk, so it can never record a segment
+        embedder = Endpoint(
+            stage.server.base_url, stage.gateway.register("bank-readers", bank_id="*"), "all-MiniLM-L6-v2"
+        )
+        stage.bank_readers = {
+            name: BankReaderFactory(h, run_dir, embedder) for name, h in cfg.harnesses.items()
+        }
+        stage.scheduler = WindowScheduler(
+            stage.dataset.windows, list(cfg.harnesses), run_dir, growth_bounds=growth_bounds
+        )
+        if "scheduler" in client_state:  # the cursor that belongs to the loaded checkpoint
+            stage.scheduler.restore(client_state["scheduler"])
+        lineage = BankLineage(run_dir, lambda name: stage.bank_readers[name]())
+        pool = None
+        if cfg.rollout.mode != "train_only":
+            check_ray_capacity(cfg)
+            worker_kwargs = dict(
+                harnesses=cfg.harnesses, gateway_url=stage.server.url, admin_token=stage.gateway.admin_token,
+                model_name=cfg.gateway.served_model_name, tokenizer_path=cfg.model.tokenizer_path,
+                faults=cfg.rollout.faults,
+            )  # fmt: skip
+            pool = RolloutPool(
+                worker_kwargs, cfg.rollout.num_workers, use_ray=cfg.rollout.use_ray,
+                num_cpus_per_worker=cfg.rollout.num_cpus_per_worker,
+            )  # fmt: skip
+        stage.collector = RolloutCollector(
+            pool, stage.dataset, lineage, run_dir, keep_rollout_dirs=cfg.rollout.keep_rollout_dirs
+        )
+        stage.logger = MetricsLogger(cfg.logging, run_dir, cfg.run.name)
+        stage.callbacks = Callbacks([BankSizeLog(run_dir), GatewayCounterDeltas(stage.gateway)])
+    # collective (ZeRO-3 gathers every shard): every rank, not only the one that owns the engine
+    trainer.sync_weights(stage.sync_receivers, version=start_step)
+    torch.manual_seed(cfg.run.seed + start_step)
+    return stage
+
+
+def log_step(stage: Stage, step: int, metrics: dict[str, float]) -> None:
+    """Driver: the step's side-job metrics (callbacks), then one line in the metrics log."""
+    if stage.is_driver:
+        stage.callbacks.on_step_end(step, metrics)
+        stage.logger.log(step, metrics)

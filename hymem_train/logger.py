@@ -17,6 +17,16 @@ from hymem_train.config import LoggingConfig
 
 log = logging.getLogger(__name__)
 
+# the metrics of the one console line per logged step (the full set is in metrics.jsonl and wandb)
+CONSOLE_KEYS = (
+    "train/loss",
+    "distill/reverse_kl_topk",
+    "reward/s",
+    "eval/",
+    "rollout/windows_done",
+    "perf/time_step_s",
+)
+
 
 class StepTimer:
     """`with timer("rollout"): ...` accumulates seconds per phase; `pop()` returns perf/time_* metrics."""
@@ -58,12 +68,21 @@ class MetricsLogger:
             except Exception as e:  # logging must never kill a training run
                 log.warning("wandb unavailable (%s); metrics go to %s only", e, self.path)
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], *, force: bool = False) -> None:
+        """Every step goes to metrics.jsonl (the run's record; plots read it). Every
+        `logging.log_every`-th step, and any `force`d one, also goes to wandb and to one console line."""
         clean = {
             k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(float(v))
         }
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
+        if not (force or step % self.cfg.log_every == 0):
+            return
+        log.info(
+            "step %d %s",
+            step,
+            " ".join(f"{k}={v:.4g}" for k, v in sorted(clean.items()) if k.startswith(CONSOLE_KEYS)),
+        )
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
 

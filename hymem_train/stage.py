@@ -148,7 +148,8 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
 
 
 def log_step(stage: Stage, step: int, metrics: dict[str, float]) -> None:
-    """Driver: the step's side-job metrics (callbacks), then one line in the metrics log."""
+    """Driver: the step's side-job metrics (callbacks), then the metrics log (the first and the last
+    step reach wandb and the console whatever logging.log_every says)."""
     if stage.is_driver:
         stage.callbacks.on_step_end(step, metrics)
-        stage.logger.log(step, metrics)
+        stage.logger.log(step, metrics, force=step in (0, stage.start_step + 1, stage.cfg.num_steps))

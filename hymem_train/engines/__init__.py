@@ -1,56 +1,25 @@
-"""Inference engines behind one interface (base.Engine): HF on CPU, vLLM on GPU."""
+"""Inference engines behind one interface (base.Engine): HF on CPU, vLLM on GPU.
 
-from __future__ import annotations
+Names are imported lazily, so `hymem_train.engines.config` (a config schema) costs no torch import.
+"""
 
-from hymem_train.engines.base import (
-    Engine,
-    GenerationOutput,
-    PromptTooLongError,
-    SamplingParams,
-    TopKLogprobs,
-)
-from hymem_train.engines.config import EngineConfig
+from importlib import import_module
 
-
-def build_engine(cfg: EngineConfig, model_cfg, tokenizer) -> Engine:
-    """Build the configured engine for `model_cfg` (models.ModelConfig)."""
-    from hymem_train.models.loading import load_model
-
-    cfg.validate()
-    eos = [tokenizer.eos_token_id]
-    if cfg.kind == "vllm":
-        from hymem_train.engines.vllm_engine import VLLMEngine
-
-        if not model_cfg.path:
-            raise ValueError("engine.kind=vllm needs model.path (a local HF checkpoint directory)")
-        return VLLMEngine(
-            model_cfg.path,
-            eos,
-            max_model_len=cfg.max_model_len,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            capture_routes=cfg.capture_routes,
-            seed=cfg.seed,
-        )
-    from hymem_train.engines.hf import HFEngine
-
-    return HFEngine(
-        load_model(model_cfg),
-        eos,
-        tokenizer.pad_token_id,
-        max_model_len=cfg.max_model_len,
-        max_batch_size=cfg.max_batch_size,
-        capture_routes=cfg.capture_routes,
-        seed=cfg.seed,
-    )
+_EXPORTS = {
+    "Engine": "base",
+    "GenerationOutput": "base",
+    "PromptTooLongError": "base",
+    "SamplingParams": "base",
+    "TopKLogprobs": "base",
+    "EngineConfig": "config",
+    "build_engine": "factory",
+}
 
 
-__all__ = [
-    "Engine",
-    "EngineConfig",
-    "GenerationOutput",
-    "PromptTooLongError",
-    "SamplingParams",
-    "TopKLogprobs",
-    "build_engine",
-]
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

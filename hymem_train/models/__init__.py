@@ -1,16 +1,27 @@
-"""HYV3 helpers: presets and parameter counts, the local tokenizer, routing capture/replay."""
+"""HYV3 helpers: presets and parameter counts, the local tokenizer, routing capture/replay.
 
-from hymem_train.models.presets import PRESETS, ParamCounts, build_model, count_params, make_config
-from hymem_train.models.routing import NOT_ROUTED, RouteRecord, RoutingController, RoutingMismatchError
+Names are imported lazily, so `hymem_train.models.config` (a config schema) costs no torch import.
+"""
 
-__all__ = [
-    "NOT_ROUTED",
-    "PRESETS",
-    "ParamCounts",
-    "RouteRecord",
-    "RoutingController",
-    "RoutingMismatchError",
-    "build_model",
-    "count_params",
-    "make_config",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "PRESETS": "presets",
+    "ParamCounts": "presets",
+    "build_model": "presets",
+    "count_params": "presets",
+    "make_config": "presets",
+    "NOT_ROUTED": "routing",
+    "RouteRecord": "routing",
+    "RoutingController": "routing",
+    "RoutingMismatchError": "routing",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,55 @@
+"""The stage schemas: importing them costs no heavy import; training refuses a held-out harness;
+logging.log_every thins the console and wandb, never metrics.jsonl."""
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from hymem_train.config import LoggingConfig, compose, to_typed
+from hymem_train.logger import MetricsLogger
+from hymem_train.run_config import OpdConfig, RlConfig
+
+HEAVY = ("torch", "ray", "fastapi", "uvicorn", "httpx", "openai", "deepspeed", "transformers")
+
+
+def test_config_schemas_import_no_torch_ray_or_http_stack():
+    code = (
+        "import sys, hymem_train.run_config, hymem_train.sft; "
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    # hymem_train.sft pulls in torch (it is an entry point); run_config alone must not
+    assert "fastapi" not in out and "ray" not in out.split(",")
+    code = f"import sys, hymem_train.run_config; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "", f"importing hymem_train.run_config imported {out.strip()}"
+
+
+@pytest.mark.parametrize("primary,exp,schema", [("opd", "demo_opd", OpdConfig), ("rl", "demo_rl", RlConfig)])
+def test_training_refuses_a_held_out_harness(primary, exp, schema):
+    cfg = compose(primary, [f"+exp={exp}"])
+    OmegaConf.set_struct(cfg, False)
+    cfg.harnesses["everos"] = {"framework": "everos"}
+    if primary == "rl":
+        cfg.reward.scoring.growth_bounds["everos"] = {"lower": 1.0, "upper": 2.0}
+    with pytest.raises(ValueError, match=r"harnesses\.everos: framework 'everos' is held out"):
+        to_typed(cfg, schema)
+
+
+def test_log_every_thins_console_and_keeps_every_step_in_jsonl(tmp_path, caplog):
+    lg = MetricsLogger(LoggingConfig(wandb_mode="disabled", log_every=3), tmp_path, "t")
+    with caplog.at_level(logging.INFO, logger="hymem_train.logger"):
+        for step in range(1, 7):
+            lg.log(step, {"train/loss": float(step)}, force=step == 1)
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == list(
+        range(1, 7)
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 1 train/loss=1",
+        "step 3 train/loss=3",
+        "step 6 train/loss=6",
+    ]

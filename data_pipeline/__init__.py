@@ -5,10 +5,11 @@
     chunking.py          chunks (session / token budget), windows (<= 5 chunks), the seeded eval subsample
     synthetic.py         synthetic streams with gold facts, probes, traps and ORM questions by construction
     annotate.py          PRM and ORM annotation passes through an OpenAI-compatible annotator (cached)
-    judge_validation.py  does a judge rank 5 synthetic answers per item as expected?
     stats.py             the report's statistics table per harness configuration
     store.py             datasets on disk (atomic writes), BuiltDataset reader
-    build.py             `python -m data_pipeline.build` (configs/data_build.yaml + configs/data/)
+    build.py             `python -m data_pipeline.build` (configs/data_build.yaml + configs/data/); judge
+                         validation is injected from reward (`python -m reward.judge_validation`)
+    typed_config.py      typed Hydra mechanics: compose, to_typed, ConfigError (re-exported by hymem_train.config)
     testing.py           stand-in OpenAI-compatible server and scripted annotator for tests
 
 See docs/data.md.

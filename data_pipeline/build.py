@@ -9,6 +9,11 @@
 The steps read like the pipeline: load sources -> per harness configuration (chunking profile):
 chunk -> windows -> attribute evidence -> annotate (or take synthetic gold) -> fixed 20% eval
 subsample -> statistics -> (judge validation) -> write `<out_dir>/<profile>/` atomically.
+
+Judge validation scores answers with the reward package's judge, a layer above this one
+(docs/architecture.md), so the build does not import it: a caller passes it in as `judge_validator`.
+`python -m reward.judge_validation [same overrides]` is this entry point with the judge passed in;
+`python -m data_pipeline.build judge_validation.enabled=true` refuses and names that command.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import copy
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,22 +36,45 @@ from data_pipeline.chunking import (
     load_tokenizer,
     select_subsample,
 )
-from data_pipeline.judge_validation import (
-    JudgeValidationConfig,
-    endpoint_judge,
-    format_report,
-    validate_judge,
-)
 from data_pipeline.loaders import LoadResult, load_source
-from data_pipeline.schema import NO_SUCH_RECORD, EvalItem, Manifest, Probe, ProbeKind, chunk_id
+from data_pipeline.schema import (
+    NO_SUCH_RECORD,
+    EvalItem,
+    Fact,
+    Manifest,
+    OrmQuestion,
+    Probe,
+    ProbeKind,
+    chunk_id,
+)
 from data_pipeline.stats import Stats, compute, format_table
 from data_pipeline.stats import to_json as stats_json
 from data_pipeline.store import atomic_write_text, write_dataset
 from data_pipeline.synthetic import SyntheticConfig, SyntheticData, generate
-from hymem_train.config import RunConfig
+from data_pipeline.typed_config import ConfigError, RunConfig, compose, to_typed, to_yaml
 
 log = logging.getLogger(__name__)
 SOURCE_KINDS = ("locomo", "longmemeval", "jsonl", "synthetic")
+JUDGED_BUILD_COMMAND = "python -m reward.judge_validation"  # the build with the reward judge passed in
+
+
+@dataclass
+class JudgeValidationConfig:
+    """Judge validation (report section 1; reward/judge_validation.py runs it)."""
+
+    enabled: bool = False  # run judge validation as part of the build
+    base_url: str = ""  # judge's OpenAI-compatible endpoint (required when enabled)
+    model: str = ""  # judge model name (required when enabled)
+    api_key: str = "EMPTY"  # bearer token for the endpoint
+    num_items: int = 50  # items sampled (probes + ORM questions, traps excluded)
+    seed: int = 0  # item sample and distractor choice
+    full_threshold: float = 0.75  # score >= this counts as full credit
+    zero_threshold: float = 0.25  # score <= this counts as zero credit; in between = partial
+    max_concurrency: int = 16  # judge requests in flight
+
+
+# (probes, ORM questions, facts, config) of one profile -> extra files for its dataset directory
+JudgeValidator = Callable[[list[Probe], list[OrmQuestion], list[Fact], JudgeValidationConfig], dict[str, str]]
 
 
 @dataclass
@@ -77,8 +106,6 @@ class DataBuildConfig:
     run: RunConfig = field(default_factory=RunConfig)  # run name (experiments set it; `+exp=NAME`)
 
     def validate(self) -> None:
-        from hymem_train.config import ConfigError
-
         for i, s in enumerate(self.data.sources):
             if s.kind not in SOURCE_KINDS:
                 raise ConfigError(f"data.sources[{i}].kind={s.kind!r} not in {SOURCE_KINDS}")
@@ -164,6 +191,7 @@ def build_profile(
     chunking: ChunkingConfig,
     loaded: LoadResult,
     synth: SyntheticData | None,
+    judge_validator: JudgeValidator | None = None,
 ) -> tuple[Path, Stats]:
     out = Path(cfg.out_dir) / profile
     tok = load_tokenizer(chunking.tokenizer_path)
@@ -197,11 +225,8 @@ def build_profile(
         "annotation_failures.jsonl": "".join(json.dumps(f.__dict__) + "\n" for f in failures),
     }
     if cfg.judge_validation.enabled:
-        report = validate_judge(
-            endpoint_judge(cfg.judge_validation), probes, questions, facts, cfg.judge_validation
-        )
-        extra["judge_validation.json"] = json.dumps(report, indent=2, sort_keys=True)
-        extra["judge_validation.md"] = format_report(report) + "\n"
+        assert judge_validator is not None  # build() refuses before any work otherwise
+        extra.update(judge_validator(probes, questions, facts, cfg.judge_validation))
     sources = [s.name or s.kind for s in cfg.data.sources]
     manifest = Manifest(
         name=f"{cfg.data.name}/{profile}",
@@ -237,13 +262,21 @@ def _plain(obj) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(obj))  # type: ignore[return-value]
 
 
-def build(cfg: DataBuildConfig) -> tuple[dict[str, Path], list[Stats]]:
+def build(
+    cfg: DataBuildConfig, judge_validator: JudgeValidator | None = None
+) -> tuple[dict[str, Path], list[Stats]]:
+    """Build every profile's dataset. `judge_validator` is required when judge_validation.enabled."""
+    if cfg.judge_validation.enabled and judge_validator is None:
+        raise ConfigError(
+            "judge_validation.enabled=true needs the reward judge, which the data build does not import: "
+            f"run `{JUDGED_BUILD_COMMAND}` with the same overrides"
+        )
     loaded, synth = load_sources(cfg.data)
     if loaded.issues:
         log.warning("%d evidence issue(s) reported (see evidence_issues.jsonl)", len(loaded.issues))
     outs, rows = {}, []
     for profile, chunking in cfg.data.profiles.items():
-        outs[profile], st = build_profile(cfg, profile, chunking, loaded, synth)
+        outs[profile], st = build_profile(cfg, profile, chunking, loaded, synth, judge_validator)
         rows.append(st)
     atomic_write_text(Path(cfg.out_dir) / "stats.md", format_table(rows) + "\n")
     atomic_write_text(Path(cfg.out_dir) / "stats.json", stats_json(rows))
@@ -251,22 +284,18 @@ def build(cfg: DataBuildConfig) -> tuple[dict[str, Path], list[Stats]]:
 
 
 def load_config(overrides: list[str]) -> DataBuildConfig:
-    from hymem_train.config import compose, to_typed
-
     return to_typed(compose("data_build", overrides), DataBuildConfig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, judge_validator: JudgeValidator | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     show = "--cfg" in args
     cfg = load_config([a for a in args if a != "--cfg"])
     if show:
-        from hymem_train.config import to_yaml
-
         print(to_yaml(cfg))
         return 0
-    outs, rows = build(cfg)
+    outs, rows = build(cfg, judge_validator)
     print(format_table(rows))
     for profile, path in outs.items():
         print(f"{profile}: {path}")

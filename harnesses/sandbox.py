@@ -51,6 +51,7 @@ from harnesses.base import (
     WriteResult,
     WriteStatus,
 )
+from harnesses.frameworks import REPO_ROOT, get_spec, load_adapter_class, venv_python
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,6 @@ class _Server:
         self.sandbox_id = init["sandbox_id"]
         self.framework = init["framework"]
         from harnesses import callcount
-        from harnesses.registry import get_spec, load_adapter_class
 
         spec = get_spec(self.framework, init["scene"])
         llm = Endpoint(**init["llm"]) if init.get("llm") else None
@@ -196,8 +196,6 @@ class SandboxClient(Harness):
         sandbox_root: Path,
         sandbox_id: str,
     ):
-        from harnesses.registry import REPO_ROOT, get_spec, venv_python
-
         self.cfg = cfg
         self.spec = get_spec(cfg.framework, cfg.scene)
         self.framework = cfg.framework

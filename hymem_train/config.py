@@ -1,9 +1,8 @@
-"""Typed Hydra configuration (STYLE.md 3-4).
+"""Configuration sections of the training entry points, and the typed Hydra mechanics they use.
 
-Hydra composes the YAML (`configs/<primary>.yaml` + groups + `+exp=NAME` overlays); the result is
-merged into the entry point's dataclass schema, so a wrong key or a wrong type fails at start-up,
-before any work, with the dotted key in the message. Each component's dataclass lives next to the
-class it configures; this module only holds the mechanics.
+The mechanics (`compose`, `to_typed`, `ConfigError`, `to_yaml`, `CONFIG_DIR`) and `RunConfig` live in
+`data_pipeline.typed_config` (the lowest package that uses them: `python -m data_pipeline.build`) and
+are re-exported here, so `from hymem_train.config import compose, to_typed` keeps working.
 
 Usage in an entry point:
 
@@ -15,80 +14,31 @@ and in tests / scripts: `to_typed(compose("opd", ["+exp=demo_cpu"]), OpdConfig)`
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from data_pipeline.typed_config import (
+    CONFIG_DIR,
+    REPO_ROOT,
+    ConfigError,
+    RunConfig,
+    compose,
+    to_typed,
+    to_yaml,
+)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = str(REPO_ROOT / "configs")
-T = TypeVar("T")
+__all__ = [
+    "CONFIG_DIR",
+    "REPO_ROOT",
+    "ClusterConfig",
+    "ConfigError",
+    "LoggingConfig",
+    "RunConfig",
+    "compose",
+    "to_typed",
+    "to_yaml",
+]
 
-
-class ConfigError(ValueError):
-    """A configuration that does not match its schema; the message names the dotted key."""
-
-
-def compose(primary: str, overrides: list[str] | None = None, config_dir: str = CONFIG_DIR) -> DictConfig:
-    """Compose `configs/<primary>.yaml` with Hydra's compose API (no working-dir change, no logging setup)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return hydra_compose(config_name=primary, overrides=list(overrides or []))
-
-
-def to_typed(cfg: DictConfig | dict[str, Any], schema: type[T]) -> T:
-    """Validate `cfg` against the dataclass `schema` and return a schema instance.
-
-    Unknown keys, wrong types and missing required values raise ConfigError naming the key.
-    Hydra's own bookkeeping node (`hydra`) is dropped first.
-    """
-    if not dataclasses.is_dataclass(schema):
-        raise TypeError(f"schema {schema!r} is not a dataclass")
-    if isinstance(cfg, DictConfig):
-        raw = OmegaConf.to_container(cfg, resolve=True)
-    else:
-        raw = dict(cfg)
-    assert isinstance(raw, dict)
-    raw.pop("hydra", None)
-    try:
-        base = OmegaConf.structured(schema)
-        merged = OmegaConf.merge(base, raw)
-        OmegaConf.resolve(merged)
-        missing = sorted(OmegaConf.missing_keys(merged))
-        if missing:
-            raise ConfigError(f"{schema.__name__}: required config value(s) missing: {', '.join(missing)}")
-        obj = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        msg = str(e).splitlines()[0]
-        raise ConfigError(f"{schema.__name__}: bad config at key '{key}': {msg}") from None
-    validate = getattr(obj, "validate", None)
-    if callable(validate):
-        validate()
-    return obj  # type: ignore[return-value]
-
-
-def to_yaml(obj: Any) -> str:
-    """The resolved config of a run, for the run directory (what was actually used)."""
-    return OmegaConf.to_yaml(OmegaConf.structured(obj))
-
-
-# ---- sections every entry point shares (kept here: importing them must not pull in torch) ----
-
-
-@dataclass
-class RunConfig:
-    name: str = "run"  # run name (wandb, run directory)
-    output_dir: str = "runs/${run.name}"  # run directory: checkpoints, banks, dumps, plots
-    seed: int = 0  # global seed (data order, sampling, init)
+# ---- sections the training entry points share (kept here: importing them must not pull in torch) ----
 
 
 @dataclass

@@ -3,7 +3,8 @@
     .venv/bin/python scripts/build_tokenizer.py            # rebuild corpus + tokenizer (deterministic)
     .venv/bin/python scripts/build_tokenizer.py --check    # exit 1 if the shipped files differ
 
-The logic lives in hymem_train/models/tokenizer.py; the corpus is hymem_train/assets/tokenizer_corpus.txt.
+The corpus (hymem_train/assets/tokenizer_corpus.txt) is written by data_pipeline/tokenizer_corpus.py; the
+tokenizer is trained by hymem_train/models/tokenizer.py.
 """
 
 import argparse
@@ -11,7 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hymem_train.models.tokenizer import ASSET_DIR, CORPUS_PATH, train_tokenizer, write_corpus
+from data_pipeline.tokenizer_corpus import write_corpus
+from hymem_train.models.tokenizer import ASSET_DIR, CORPUS_PATH, train_tokenizer
 
 
 def main() -> int:

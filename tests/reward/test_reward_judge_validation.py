@@ -1,4 +1,4 @@
-"""Judge validation through the reward package's LLM judge against a stand-in endpoint."""
+"""Judge validation (reward/judge_validation.py) through the reward LLM judge against a stand-in endpoint."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from data_pipeline.judge_validation import (
+from data_pipeline.synthetic import SyntheticConfig, generate
+from data_pipeline.testing import StandInServer
+from reward.judge_validation import (
     REFUSAL,
     JudgeValidationConfig,
     build_items,
@@ -15,8 +17,6 @@ from data_pipeline.judge_validation import (
     format_report,
     validate_judge,
 )
-from data_pipeline.synthetic import SyntheticConfig, generate
-from data_pipeline.testing import StandInServer
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +116,23 @@ def test_judge_faults_are_excluded_not_scored(data):
     assert report["num_faults"] == 6 and report["num_items_scored"] == 0
     assert report["mean_paraphrase_score"] is None and report["share_ranked_as_expected"] is None
     assert report["mean_score_by_answer"]["reference"] == 1.0
+
+
+def test_build_with_judge_validation_writes_the_report(tmp_path):
+    """`python -m reward.judge_validation` = the data build with this judge passed in; the plain data
+    build (which does not import reward) refuses judge_validation.enabled=true before any work."""
+    from data_pipeline.build import main as build_main
+    from data_pipeline.typed_config import ConfigError
+    from reward.judge_validation import main
+
+    with StandInServer(scripted_judge()) as srv:
+        over = ["data.synthetic.num_sequences=3", "judge_validation.enabled=true"]
+        over += [f"judge_validation.base_url={srv.base_url}", "judge_validation.model=judge"]
+        with pytest.raises(ConfigError, match="python -m reward.judge_validation"):
+            build_main([f"out_dir={tmp_path / 'plain'}", *over])
+        assert not srv.requests and not (tmp_path / "plain").exists()
+        assert main([f"out_dir={tmp_path / 'judged'}", *over, "judge_validation.num_items=10"]) == 0
+    root = tmp_path / "judged" / "hy_memory"
+    report = json.loads((root / "judge_validation.json").read_text())
+    assert report["num_items"] == 10 and report["share_ranked_as_expected"] == 1.0
+    assert (root / "judge_validation.md").read_text() == format_report(report) + "\n"

@@ -15,9 +15,18 @@ Answers are built without an LLM:
 Traps are skipped: their reference *is* a refusal.
 
 The judge is any object with `score_probes(items)` / `score_questions(items)` in the reward package's
-contract (`reward.judge.LlmJudge` over an OpenAI-compatible endpoint is what `validate_endpoint`
+contract (`reward.judge.LlmJudge` over an OpenAI-compatible endpoint is what `endpoint_judge`
 builds): this validates the very prompts and parsers the RL reward uses. A Fault (judge outage,
 unparsable verdict) is counted and excluded, never read as a score (silent failure 7).
+
+It runs inside the data build, which sits below reward and does not import it (docs/architecture.md):
+
+    python -m reward.judge_validation [data build overrides] judge_validation.enabled=true \
+        judge_validation.base_url=http://HOST:8000/v1 judge_validation.model=judge
+
+is `python -m data_pipeline.build` with `validation_files` passed in as its judge validator: same
+config (configs/data_build.yaml, `judge_validation:` section = `JudgeValidationConfig`), same
+outputs, plus `judge_validation.{json,md}` in each profile's dataset directory.
 """
 
 from __future__ import annotations
@@ -25,10 +34,15 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from data_pipeline.build import JudgeValidationConfig
+from data_pipeline.build import main as build_main
 from data_pipeline.schema import Fact, OrmQuestion, Probe
+from reward.judge import LlmJudge, ProbeItem, QuestionItem
+from reward.llm import ChatClient, LlmClientConfig
 
 log = logging.getLogger(__name__)
 ANSWER_KINDS = ("reference", "paraphrase", "partial", "distractor", "refusal")
@@ -41,19 +55,6 @@ EXPECTED = {
 }
 REFUSAL = "I don't have any record of that."
 REPORT_PILOT_PARAPHRASE = 0.90  # report section 1: mean judge score of faithful paraphrases
-
-
-@dataclass
-class JudgeValidationConfig:
-    enabled: bool = False  # run judge validation as part of the build
-    base_url: str = ""  # judge's OpenAI-compatible endpoint (required when enabled)
-    model: str = ""  # judge model name (required when enabled)
-    api_key: str = "EMPTY"  # bearer token for the endpoint
-    num_items: int = 50  # items sampled (probes + ORM questions, traps excluded)
-    seed: int = 0  # item sample and distractor choice
-    full_threshold: float = 0.75  # score >= this counts as full credit
-    zero_threshold: float = 0.25  # score <= this counts as zero credit; in between = partial
-    max_concurrency: int = 16  # judge requests in flight
 
 
 @dataclass
@@ -115,8 +116,6 @@ def _grade(score: float, cfg: JudgeValidationConfig) -> str:
 
 def score_items(judge: Any, items: list[ValidationItem]) -> list[dict[str, float | None]]:
     """Scores per item and answer kind through the reward judge contract (None = Fault, excluded)."""
-    from reward.judge import ProbeItem, QuestionItem
-
     probe_reqs: list[tuple[int, str, Any]] = []
     orm_reqs: list[tuple[int, str, Any]] = []
     for n, it in enumerate(items):
@@ -206,9 +205,6 @@ def validate_judge(
 
 def endpoint_judge(cfg: JudgeValidationConfig) -> Any:
     """The reward package's LLM judge over the configured endpoint (the real path)."""
-    from reward.judge import LlmJudge
-    from reward.llm import ChatClient, LlmClientConfig
-
     if not cfg.base_url or not cfg.model:
         raise ValueError("judge_validation: base_url and model are required")
     return LlmJudge(
@@ -245,3 +241,23 @@ def format_report(report: dict) -> str:
 
 def to_json(report: dict) -> str:
     return json.dumps(report, indent=2, sort_keys=True)
+
+
+def validation_files(
+    probes: list[Probe], questions: list[OrmQuestion], facts: list[Fact], cfg: JudgeValidationConfig
+) -> dict[str, str]:
+    """The data build's judge validator: the report of one profile's dataset, as its two files."""
+    report = validate_judge(endpoint_judge(cfg), probes, questions, facts, cfg)
+    return {
+        "judge_validation.json": json.dumps(report, indent=2, sort_keys=True),
+        "judge_validation.md": format_report(report) + "\n",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m data_pipeline.build` with the reward judge passed in (same arguments, same outputs)."""
+    return build_main(argv, judge_validator=validation_files)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Packages depend in one direction (docs/architecture.md, "Package layering").
+
+    harnesses <- data_pipeline <- reward <- hymem_train
+
+A module may import only its own package and the packages to its left; `harnesses` imports neither
+torch nor hymem_train (it runs inside the frameworks' own venvs); and modules import each other
+without cycles. Checked by parsing the source with `ast` (nothing is imported, so this is fast and
+sees imports inside functions too). Every .py under the four packages is walked: no file list.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDER = ("harnesses", "data_pipeline", "reward", "hymem_train")  # a package may import only those left of it
+RANK = {pkg: i for i, pkg in enumerate(ORDER)}
+HARNESS_FORBIDDEN = ("torch", "hymem_train")  # harnesses run in framework venvs: no torch, no trainer
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name of the importing file
+    path: str  # file, relative to the repo root
+    line: int
+    target: str  # dotted module imported (the most specific one: a submodule when `from pkg import sub`)
+    text: str  # the statement, as written (unparsed)
+    in_function: bool  # inside a def / lambda (runs when called, not when the module is imported)
+    type_checking: bool  # under `if TYPE_CHECKING:` (never runs)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(p): p
+        for pkg in ORDER
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve_from(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module of `from <node.module> import ...`, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".") if is_package else importer.split(".")[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(modules: dict[str, Path]) -> list[Import]:
+    out: list[Import] = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_package = path.name == "__init__.py"
+        rel = str(path.relative_to(ROOT))
+
+        def visit(
+            node: ast.AST, in_function: bool, type_checking: bool, name=name, rel=rel, is_package=is_package
+        ):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                else:
+                    mod = _resolve_from(name, is_package, node)
+                    # `from pkg import sub` imports the submodule `pkg.sub` when there is one
+                    targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+                for t in dict.fromkeys(targets):
+                    out.append(
+                        Import(name, rel, node.lineno, t, ast.unparse(node), in_function, type_checking)
+                    )
+                return
+            if isinstance(node, ast.If) and _is_type_checking(node.test):
+                for child in node.body:
+                    visit(child, in_function, True)
+                for child in node.orelse:
+                    visit(child, in_function, type_checking)
+                return
+            inner = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            for child in ast.iter_child_nodes(node):
+                visit(child, inner, type_checking)
+
+        visit(tree, False, False)
+    return out
+
+
+MODULES = _modules()
+IMPORTS = _imports(MODULES)
+
+
+def _top(module: str) -> str:
+    return module.split(".", 1)[0]
+
+
+def test_every_package_is_walked():
+    assert {_top(m) for m in MODULES} == set(ORDER)
+    assert any(i.in_function for i in IMPORTS)  # function-level imports are seen too
+
+
+def test_packages_import_only_to_their_left():
+    """Any import, at module level or inside a function (or under TYPE_CHECKING), counts."""
+    bad = [
+        f"{i.path}:{i.line}: {i.text}  ({_top(i.importer)} may not import {_top(i.target)})"
+        for i in IMPORTS
+        if _top(i.target) in RANK and RANK[_top(i.target)] > RANK[_top(i.importer)]
+    ]
+    assert not bad, "imports against the package order " + " <- ".join(ORDER) + ":\n" + "\n".join(bad)
+
+
+def test_harnesses_import_neither_torch_nor_hymem_train():
+    bad = [
+        f"{i.path}:{i.line}: {i.text}"
+        for i in IMPORTS
+        if _top(i.importer) == "harnesses" and _top(i.target) in HARNESS_FORBIDDEN
+    ]
+    assert not bad, "harnesses/ runs in framework venvs, without torch or hymem_train:\n" + "\n".join(bad)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One concrete cycle per strongly connected component (Tarjan), as [m1, m2, ..., m1]."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    sccs: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in edges.get(v, ()):
+                sccs.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    out = []
+    for comp in sccs:
+        members, start = set(comp), comp[0]
+        # shortest path back to `start` inside the component (BFS)
+        prev: dict[str, str] = {}
+        frontier, seen, end = [start], {start}, None
+        while frontier and end is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(edges.get(v, ())):
+                    if w == start:
+                        end = v
+                        break
+                    if w in members and w not in seen:
+                        seen.add(w)
+                        prev[w] = v
+                        nxt.append(w)
+                if end is not None:
+                    break
+            frontier = nxt
+        path = [start]
+        v = end
+        while v is not None and v != start:
+            path.insert(1, v)
+            v = prev.get(v)
+        out.append(path + [start])
+    return out
+
+
+def test_no_import_cycles():
+    """No module imports itself through other modules of the four packages.
+
+    Imports inside functions count too (they are marked in the message). A module-level cycle can fail
+    at import time on a half-initialised module; a cycle through a function-level import cannot, but it
+    is still two modules that need each other (harnesses.registry <-> harnesses.sandbox was one), and
+    lazy imports are here to keep heavy dependencies (torch, ray, vllm) off import paths, not to hide
+    cycles. Today there are none either way; if a lazy-import cycle is ever intended, exempt that one
+    edge here, with the reason, rather than dropping function-level imports from the graph.
+    `if TYPE_CHECKING:` imports never run and do not count. An edge goes to the module imported (a
+    submodule for `from pkg import sub`), not to the parent packages whose __init__ Python also runs.
+    """
+    edges: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], Import] = {}
+    for i in IMPORTS:
+        if i.type_checking or i.target not in MODULES:
+            continue
+        edges.setdefault(i.importer, set()).add(i.target)
+        key = (i.importer, i.target)
+        if key not in where or (where[key].in_function and not i.in_function):
+            where[key] = i  # show a module-level import of that edge when there is one
+    cycles = _cycles(edges)
+    msgs = []
+    for c in cycles:
+        hops = [where[(a, b)] for a, b in zip(c, c[1:], strict=False)]
+        msgs.append(
+            " -> ".join(c)
+            + "\n"
+            + "\n".join(
+                f"    {h.path}:{h.line}: {h.text}{'  (in a function)' if h.in_function else ''}" for h in hops
+            )
+        )
+    assert not cycles, "import cycles:\n" + "\n".join(msgs)
+
+
+def test_relative_imports_resolve():
+    def resolve(importer, is_package, stmt):
+        return _resolve_from(importer, is_package, ast.parse(stmt).body[0])
+
+    assert resolve("harnesses.adapters.mem0", False, "from ..base import Harness") == "harnesses.base"
+    assert resolve("harnesses.adapters.mem0", False, "from . import everos") == "harnesses.adapters"
+    assert resolve("harnesses.adapters", True, "from .mem0 import X") == "harnesses.adapters.mem0"
+    assert resolve("reward.judge", False, "from .llm import ChatClient") == "reward.llm"
+    assert resolve("reward.judge", False, "from reward.llm import ChatClient") == "reward.llm"

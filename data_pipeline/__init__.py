@@ -9,7 +9,6 @@
     stats.py             the report's statistics table per harness configuration
     store.py             datasets on disk (atomic writes), BuiltDataset reader
     build.py             `python -m data_pipeline.build` (configs/data_build.yaml + configs/data/)
-    testing.py           stand-in OpenAI-compatible server and scripted annotator for tests
 
 See docs/data.md.
 """

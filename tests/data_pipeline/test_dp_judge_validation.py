@@ -16,7 +16,7 @@ from data_pipeline.judge_validation import (
     validate_judge,
 )
 from data_pipeline.synthetic import SyntheticConfig, generate
-from data_pipeline.testing import StandInServer
+from tests.doubles.openai_server import StandInServer
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_good_judge_ranks_as_expected(data):
             data.facts,
             _cfg(srv.base_url),
         )
-        assert len(srv.requests) == sum(len(r["scores"]) for r in report["items"])
+        assert len(srv.chat_bodies()) == sum(len(r["scores"]) for r in report["items"])
     assert report["num_items"] == 30 and report["num_faults"] == 0
     assert report["share_ranked_as_expected"] == 1.0
     assert report["mean_paraphrase_score"] == 1.0 and report["report_pilot_paraphrase_score"] == 0.90

@@ -3,7 +3,8 @@
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_harness_fork.py [--frameworks native mem0] [--entries 1000]
 
 The bank is written through each harness's real write path (scripted policy replies from the
-stand-in OpenAI server, 100 entries per chunk). Baseline measured in the same run: a plain
+stand-in OpenAI server `tests.doubles.openai_server.StandInServer`, a test double this benchmark
+reuses; 100 entries per chunk). Baseline measured in the same run: a plain
 `shutil.copytree` of the same bank 8 times; the ratio says what fork adds on top of a file copy.
 Frameworks whose venv is missing are reported and skipped. Aim: 8 forks in under 2 s.
 """
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harnesses.base import ConfigurationError, Endpoint  # noqa: E402
 from harnesses.registry import HarnessConfig, make_harness  # noqa: E402
-from harnesses.testing import StandInServer  # noqa: E402
+from tests.doubles.openai_server import StandInServer  # noqa: E402
 
 NUM_FORKS = 8
 PER_CHUNK = 100

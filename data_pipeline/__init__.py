@@ -10,7 +10,6 @@
     build.py             `python -m data_pipeline.build` (configs/data_build.yaml + configs/data/); judge
                          validation is injected from reward (`python -m reward.judge_validation`)
     typed_config.py      typed Hydra mechanics: compose, to_typed, ConfigError (re-exported by hymem_train.config)
-    testing.py           stand-in OpenAI-compatible server and scripted annotator for tests
 
 See docs/data.md.
 """

@@ -4,12 +4,17 @@
     .venv/bin/python scripts/demo.py --gateway-only  # the foundation demo: gateway + recorded segments
     .venv/bin/python scripts/demo.py --root runs/demo2
 
-The logic lives in hymem_train/demo_pipeline.py and hymem_train/demo.py.
+The logic lives in scripts/demo_lib/pipeline.py and scripts/demo_lib/gateway.py (demo code, kept out
+of the hymem_train package).
 """
 
 import argparse
 import logging
 import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: scripts.demo_lib
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
@@ -18,11 +23,11 @@ if __name__ == "__main__":
     ap.add_argument("--root", default="runs/demo")
     args = ap.parse_args()
     if args.gateway_only:
-        from hymem_train.demo import run_gateway_demo
+        from scripts.demo_lib.gateway import run_gateway_demo
 
         run_gateway_demo()
     else:
-        from hymem_train.demo_pipeline import run_demo
+        from scripts.demo_lib.pipeline import run_demo
 
         shutil.rmtree(args.root, ignore_errors=True)  # every `make demo` starts from a clean slate
         run_demo(args.root)

@@ -10,8 +10,9 @@ from data_pipeline.annotate import AnnotatorConfig, annotate, parse_json_answer
 from data_pipeline.chunking import build_windows
 from data_pipeline.schema import NO_SUCH_RECORD, ProbeKind
 from data_pipeline.synthetic import SyntheticConfig, generate
-from data_pipeline.testing import StandInServer, good_prm
-from data_pipeline.testing import annotator_responder as responder
+from tests.doubles.annotator import annotator_responder as responder
+from tests.doubles.annotator import good_prm
+from tests.doubles.openai_server import StandInServer
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +32,8 @@ def test_valid_run_attributes_gold_facts_by_fact_id(corpus, tmp_path):
     with StandInServer(responder()) as srv:
         res = annotate(chunks, windows, _cfg(srv.base_url, num_workers=2), tmp_path)
         # one call per chunk + one per window, with guided-decoding schema attached
-        assert len(srv.requests) == len(chunks) + len(windows) == res.num_calls
-        assert all(r["response_format"]["type"] == "json_schema" for r in srv.requests)
+        assert len(srv.chat_bodies()) == len(chunks) + len(windows) == res.num_calls
+        assert all(r["response_format"]["type"] == "json_schema" for r in srv.chat_bodies())
     assert res.failures == [] and (tmp_path / "failures.jsonl").read_text() == ""
     assert len(res.facts) == len(chunks)
     traps = [p for p in res.probes if p.is_trap]
@@ -55,7 +56,7 @@ def test_prm_context_is_facts_of_two_previous_chunks(corpus, tmp_path):
         annotate(chunks, windows, _cfg(srv.base_url, num_workers=1), tmp_path)
         prm = [
             json.loads(r["messages"][1]["content"])
-            for r in srv.requests
+            for r in srv.chat_bodies()
             if "(PRM pass" in r["messages"][0]["content"]
         ]
     for p in prm:
@@ -89,7 +90,7 @@ def test_malformed_answers_retried_then_recorded(corpus, tmp_path):
 
     with StandInServer(responder(script)) as srv:
         res = annotate(chunks, windows, _cfg(srv.base_url, num_workers=1), tmp_path)
-        retries = [r for r in srv.requests if len(r["messages"]) > 2]
+        retries = [r for r in srv.chat_bodies() if len(r["messages"]) > 2]
     (fail,) = res.failures
     assert (fail.pass_name, fail.sequence_id, fail.unit, fail.kind) == (
         "prm",
@@ -130,7 +131,7 @@ def test_resume_and_cache_do_not_repay_finished_calls(corpus, tmp_path):
 
     with StandInServer(responder()) as srv:
         second = annotate(chunks, windows, _cfg(srv.base_url), tmp_path)
-        paid = [json.loads(r["messages"][1]["content"]) for r in srv.requests]
+        paid = [json.loads(r["messages"][1]["content"]) for r in srv.chat_bodies()]
     assert second.failures == []
     # only what failed (and what depends on it) is paid again: nothing of the first sequence
     assert paid and all(p["sequence_id"] == seq1 for p in paid)
@@ -139,7 +140,7 @@ def test_resume_and_cache_do_not_repay_finished_calls(corpus, tmp_path):
 
     with StandInServer(responder()) as srv:
         third = annotate(chunks, windows, _cfg(srv.base_url), tmp_path)
-        assert srv.requests == []  # a finished run costs nothing to repeat
+        assert srv.chat_bodies() == []  # a finished run costs nothing to repeat
     assert (third.facts, third.probes, third.orm_questions) == (
         second.facts,
         second.probes,
@@ -152,7 +153,7 @@ def test_resume_and_cache_do_not_repay_finished_calls(corpus, tmp_path):
     calls.write_text(text[: len(text) - 40])
     with StandInServer(responder()) as srv:
         fourth = annotate(chunks, windows, _cfg(srv.base_url), tmp_path)
-        assert len(srv.requests) == 1
+        assert len(srv.chat_bodies()) == 1
     assert fourth.probes == second.probes
     assert len(calls.read_text().splitlines()) == len(text.splitlines()) + 1
 

@@ -14,7 +14,8 @@ from data_pipeline import store
 from data_pipeline.build import build, load_config
 from data_pipeline.chunking import render_chunk
 from data_pipeline.synthetic import SyntheticConfig, generate
-from data_pipeline.testing import StandInServer, annotator_responder
+from tests.doubles.annotator import annotator_responder
+from tests.doubles.openai_server import StandInServer
 
 ALLOWED_VIEW_KEYS = {
     "probes": {"probe_id", "question"},

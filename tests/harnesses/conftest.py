@@ -3,7 +3,7 @@ import os
 import pytest
 
 from harnesses.base import Endpoint
-from harnesses.testing import StandInServer
+from tests.doubles.openai_server import StandInServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MEM0_TELEMETRY", "False")

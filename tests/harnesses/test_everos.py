@@ -14,7 +14,7 @@ import pytest
 from harnesses.adapters.everos import needed_cutout
 from harnesses.base import BankMismatchError, Endpoint, WriteStatus
 from harnesses.registry import REPO_ROOT, HarnessConfig, make_harness
-from harnesses.testing import HttpFailure
+from tests.doubles.openai_server import HttpFailure
 
 from .conftest import CHUNK
 

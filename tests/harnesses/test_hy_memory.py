@@ -13,7 +13,7 @@ import pytest
 
 from harnesses.base import Endpoint, WriteStatus
 from harnesses.registry import REPO_ROOT, HarnessConfig, make_harness
-from harnesses.testing import HttpFailure, StandInServer
+from tests.doubles.openai_server import HttpFailure, StandInServer
 
 from .conftest import CHUNK
 

@@ -12,7 +12,7 @@ import pytest
 
 from harnesses.base import Endpoint, WriteStatus
 from harnesses.registry import REPO_ROOT, HarnessConfig, make_harness
-from harnesses.testing import HttpFailure
+from tests.doubles.openai_server import HttpFailure
 
 from .conftest import CHUNK
 

@@ -16,7 +16,7 @@ from harnesses.base import (
     read_bank_meta,
 )
 from harnesses.native import NativeConfig, NativeHarness, parse_ops
-from harnesses.testing import HttpFailure
+from tests.doubles.openai_server import HttpFailure
 
 from .conftest import CHUNK
 

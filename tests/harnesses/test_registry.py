@@ -50,7 +50,7 @@ def test_lock_files_pin_the_registry_version(lock):
 def test_harnesses_imports_neither_torch_nor_hymem_train():
     code = (
         "import sys, harnesses.base, harnesses.native, harnesses.sandbox, harnesses.registry, "
-        "harnesses.testing, harnesses.callcount, harnesses.tiktoken_seed; "
+        "harnesses.callcount, harnesses.tiktoken_seed; "
         "bad = [m for m in ('torch', 'hymem_train') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(REPO_ROOT), capture_output=True, text=True)

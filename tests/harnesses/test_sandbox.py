@@ -104,7 +104,7 @@ def test_platform_error_is_retried_then_succeeds(tmp_path, server, client):
 
 
 def test_rpc_timeout_kills_and_reports_platform_error(tmp_path, server, llm):
-    from harnesses.testing import HttpFailure
+    from tests.doubles.openai_server import HttpFailure
 
     c = make_harness(
         HarnessConfig(framework="native", num_retries=0, rpc_timeout_s=1.0),

@@ -5,7 +5,6 @@ import pytest
 
 from data_pipeline.schema import Manifest
 from harnesses.base import MemoryEntry
-from harnesses.testing import HttpFailure, StandInServer
 from reward.config import LlmClientConfig
 from reward.judge import (
     ExactMatchScorer,
@@ -18,6 +17,7 @@ from reward.judge import (
     parse_probe_verdict,
 )
 from reward.llm import ChatClient, EndpointError, Fault, ParseError
+from tests.doubles.openai_server import HttpFailure, StandInServer
 
 
 def client(srv, **kw):

@@ -8,7 +8,6 @@ import re
 import pytest
 
 from data_pipeline.synthetic import SyntheticConfig, generate
-from data_pipeline.testing import StandInServer
 from reward.judge_validation import (
     REFUSAL,
     JudgeValidationConfig,
@@ -17,6 +16,7 @@ from reward.judge_validation import (
     format_report,
     validate_judge,
 )
+from tests.doubles.openai_server import StandInServer
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_good_judge_ranks_as_expected(data):
             data.facts,
             _cfg(srv.base_url),
         )
-        assert len(srv.requests) == sum(len(r["scores"]) for r in report["items"])
+        assert len(srv.chat_bodies()) == sum(len(r["scores"]) for r in report["items"])
     assert report["num_items"] == 30 and report["num_faults"] == 0
     assert report["share_ranked_as_expected"] == 1.0
     assert report["mean_paraphrase_score"] == 1.0 and report["report_pilot_paraphrase_score"] == 0.90

@@ -13,8 +13,6 @@ import pytest
 
 from data_pipeline.schema import Manifest
 from harnesses.native import NativeHarness
-from harnesses.testing import HttpFailure, StandInServer
-from reward import testing as H
 from reward.config import LlmClientConfig
 from reward.judge import ExactMatchScorer, LlmJudge, Reader
 from reward.llm import ChatClient
@@ -30,6 +28,8 @@ from reward.service import (
     finish_group,
     judge_rollout,
 )
+from tests.doubles import reward_window as H
+from tests.doubles.openai_server import HttpFailure, StandInServer
 
 E3 = math.e**3 - 1
 

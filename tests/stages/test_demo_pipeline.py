@@ -1,4 +1,4 @@
-"""The demo pipeline's own pieces (hymem_train/demo_pipeline.py): the oracle demonstrations through the
+"""The demo pipeline's own pieces (scripts/demo_lib/pipeline.py): the oracle demonstrations through the
 real native harness lose no gold fact and update the right memory; the OPD/RL prompt split shares no
 sequence with the SFT split; the report reads first/last values from the runs' metrics."""
 
@@ -6,8 +6,8 @@ import json
 
 from data_pipeline.store import BuiltDataset
 from harnesses.registry import HarnessConfig
-from hymem_train.demo_pipeline import build_data, first_last, growth_overrides, oracle_sft_data, write_report
 from hymem_train.models.tokenizer import default_tokenizer
+from scripts.demo_lib.pipeline import build_data, first_last, growth_overrides, oracle_sft_data, write_report
 
 
 def _hcfg():

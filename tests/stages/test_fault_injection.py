@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from harnesses.testing import HttpFailure, StandInServer
+from tests.doubles.openai_server import HttpFailure, StandInServer
 
 pytestmark = pytest.mark.slow
 

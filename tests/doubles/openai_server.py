@@ -1,14 +1,22 @@
 """A stand-in OpenAI-compatible server for tests (chat completions + embeddings), stdlib only.
 
-It plays the gateway while the real one is not in the loop: scripted chat replies, deterministic
-embeddings, per-key identity checks (silent failure 8), and a record of every request so tests can
-count LLM calls and check the headers a harness sent. Reusable by other packages' tests:
+It plays the gateway, an annotator or a judge while no real model is in the loop: scripted chat
+replies, deterministic embeddings, per-key identity checks (silent failure 8), and a record of every
+request so tests can count LLM calls (what was paid for) and check the headers a caller sent.
 
     with StandInServer(replies=['{"ops":[{"op":"ADD","text":"x"}]}']) as srv:
         Endpoint(base_url=srv.base_url, api_key="traj-0", model="m")
+    with StandInServer(lambda body: '{"score": 1}') as srv:
+        client = OpenAI(base_url=srv.base_url, api_key="x")
 
 Replies: a list (consumed in order; the last one repeats), or a callable `(request_json) -> reply`.
-A reply is a string (the assistant content) or an `HttpFailure` (status code, optional delay).
+A reply is a string (the assistant content, valid or deliberately malformed JSON), an `HttpFailure`
+(status code, optional delay), or an int (shorthand for an HTTP error with that status). A callable
+that raises answers HTTP 500. `requests` keeps every request (path, key, headers, body, status);
+`chat_bodies()` gives the JSON bodies of the chat calls.
+
+Not only a test double: the shipped benchmark benchmarks/bench_harness_fork.py uses it to script the
+policy's replies (imported as `tests.doubles.openai_server` with the repo root on sys.path).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ class HttpFailure:
     body: str = "stand-in failure"  # response text
 
 
-Reply = str | HttpFailure
+Reply = str | int | HttpFailure
 
 
 @dataclasses.dataclass
@@ -73,16 +81,19 @@ class StandInServer:
         allowed_keys: set[str] | None = None,
         embed_fn: Callable[[list[str]], list[list[float]]] | None = None,
         host: str = "127.0.0.1",
+        model: str = "stand-in",
     ):
         self._replies = replies if replies is not None else ['{"ops": [{"op": "NONE"}]}']
         self._reply_idx = 0
         self.allowed_keys = allowed_keys
         self.embed_fn = embed_fn or (lambda texts: [hash_embedding(t) for t in texts])
+        self.model = model  # the id GET /v1/models lists, and the default "model" of a completion
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer((host, 0), self._handler_class())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
+        self._stopped = False
 
     # ---- public
     @property
@@ -95,16 +106,25 @@ class StandInServer:
             self._replies, self._reply_idx = replies, 0
 
     def chat_requests(self, status: int | None = 200) -> list[RecordedRequest]:
+        """The chat-completion requests answered with `status` (None: all of them)."""
         return [
             r for r in self.requests if r.path.endswith("/chat/completions") and status in (None, r.status)
         ]
+
+    def chat_bodies(self) -> list[dict[str, Any]]:
+        """The JSON bodies of every chat-completion request, whatever was answered (paid calls)."""
+        return [r.body for r in self.chat_requests(None)]
 
     def start(self) -> StandInServer:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._thread.is_alive():
+            self._httpd.shutdown()
         self._httpd.server_close()
 
     def __enter__(self) -> StandInServer:
@@ -114,15 +134,21 @@ class StandInServer:
         self.stop()
 
     # ---- internals
-    def _next_reply(self, body: dict[str, Any]) -> Reply:
+    def _next_reply(self, body: dict[str, Any]) -> str | HttpFailure:
         with self._lock:
             if callable(self._replies):
-                return self._replies(body)
-            if not self._replies:
+                try:
+                    r = self._replies(body)
+                except Exception as e:  # a broken script is a server error, visible to the client
+                    return HttpFailure(500, body=f"responder failed: {e!r}")
+            elif not self._replies:
                 return HttpFailure(500, body="stand-in: no scripted reply")
-            r = self._replies[min(self._reply_idx, len(self._replies) - 1)]
-            self._reply_idx += 1
-            return r
+            else:
+                r = self._replies[min(self._reply_idx, len(self._replies) - 1)]
+                self._reply_idx += 1
+        if isinstance(r, int):  # shorthand for an HTTP error with that status
+            return HttpFailure(r, body=f"scripted status {r}")
+        return r
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -157,7 +183,7 @@ class StandInServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+                    self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -183,7 +209,9 @@ class StandInServer:
                 if isinstance(reply, HttpFailure):
                     time.sleep(reply.delay_s)
                     self._record(body, reply.status)
-                    return self._send(reply.status, {"error": {"message": reply.body}})
+                    return self._send(
+                        reply.status, {"error": {"message": reply.body, "type": "server_error"}}
+                    )
                 self._record(body, 200)
                 self._send(
                     200,
@@ -191,7 +219,7 @@ class StandInServer:
                         "id": f"chatcmpl-{len(server.requests)}",
                         "object": "chat.completion",
                         "created": int(time.time()),
-                        "model": body.get("model", "stand-in"),
+                        "model": body.get("model", server.model),
                         "choices": [
                             {
                                 "index": 0,

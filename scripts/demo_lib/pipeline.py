@@ -1,5 +1,8 @@
 """The embedded-default pipeline `make demo` runs on 2 CPU cores (issue: the two stages end to end).
 
+Demo code, not part of the hymem_train package: each stage runs as its real entry point
+(`python -m hymem_train.sft / .opd / .rl`) in a subprocess; this module orchestrates and reports.
+
 synthetic data (train + held-out) -> oracle demonstrations through the real native harness ->
 SFT of the tiny teacher (writer + reader tasks) -> OPD of a smaller student from the teacher ->
 RL of the student (reader = the frozen teacher, exact-match judge on atomic synthetic answers) ->
@@ -8,6 +11,7 @@ a report (text + PNG) with held-out numbers.
 The oracle writes the gold operations of each synthetic chunk through the same harness, gateway and
 chat template the policy later uses, so the teacher learns the exact prompt format; gold facts only
 reach the oracle (a demonstrator), never a bank the policy reads during training or evaluation.
+What the demo runs measured behind its settings: docs/findings.md, "Demo pipeline".
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ def build_data(
 
 
 class Oracle:
-    """Gold native-harness operations for a synthetic chunk, from the dataset's facts (demonstrator)."""
+    """Gold native-harness operations for a synthetic chunk, from the dataset's facts (demonstrator).
+
+    The shipped demo (`make demo`, `oracle_sft_data`) uses it to write the teacher's SFT
+    demonstrations. It reads the native harness's prompt with regexes, so it only fits that prompt.
+    """
 
     def __init__(self, ds):
         turn_text = {(c.sequence_id, t.turn_id): t.text for c in ds.tables["chunks"] for t in c.turns}
@@ -177,11 +185,8 @@ def run_demo(
     t0 = time.perf_counter()
     timings = {}
     print(f"[1/6] synthetic data -> {root}/data", flush=True)
-    # many sequences, few epochs: with 6 sequences the tiny models memorised the training people and
-    # values and wrote 0/12 held-out values; the writer has to learn to copy from the chunk
-    # names recur across training sequences (unique_names=False): with "Alice 3"-style unique names each
-    # name's values could be memorised from its one sequence, and the RL student wrote "Lena 1 ..."
-    # for each of the 12 held-out chunks inspected
+    # many sequences, few epochs, names recurring across sequences: so the writer has to copy values
+    # from the chunk instead of memorising them (docs/findings.md, "Demo pipeline")
     train = build_data(
         root / "data" / "train",
         num_sequences=num_train_sequences,
@@ -190,11 +195,8 @@ def run_demo(
         seed=0,
         unique_names=False,
     )
-    # OPD and RL prompts: fresh sequences the SFT demonstrations never showed. On the SFT sequences
-    # the models replay memorised gold (RL's training s[t] started at 0.42 there vs 0.33 held out),
-    # so the updates rewarded recall of those people instead of copying from the chunk, the skill
-    # the held-out evaluation measures. Each RL step's windows are new sequences, so its training
-    # s[t] is on-policy on unseen data too.
+    # OPD and RL prompts: fresh sequences the SFT demonstrations never showed, so the updates reward
+    # copying from the chunk, not recall of memorised gold (docs/findings.md, "Demo pipeline")
     prompts = build_data(
         root / "data" / "prompts",
         num_sequences=num_prompt_sequences,
@@ -203,9 +205,8 @@ def run_demo(
         seed=2000,
         unique_names=False,
     )
-    # 24 held-out sequences (72 chunks, 129 probes; 8 before): with 8, RL curves of barely-moving
-    # policies wandered by about 0.03 between evaluations, the size of the effect the demo looks for;
-    # with 24, two sampling seeds on one checkpoint differed by 0.008-0.018 (docs/stages.md)
+    # 24 held-out sequences: fewer let evaluation noise reach the size of the effect the demo looks
+    # for (docs/findings.md, "Demo pipeline")
     held = build_data(
         root / "data" / "eval", num_sequences=num_eval_sequences, num_chunks=3, window=3, seed=1000
     )
@@ -221,13 +222,8 @@ def run_demo(
     counts["pretrain_documents"] = pretrain_documents
     timings["oracle"] = time.perf_counter() - t
 
-    # The report's writer/reader are pretrained LLMs; ours start from random init. One epoch of short
-    # copy episodes stands in for pretraining (data_pipeline.synthetic.pretraining_documents says why;
-    # copying appears as a phase change between 500 and 1,000 steps, docs/stages.md "Demo findings"
-    # says what 1,000 steps bought and why the demo does not spend them). ZeRO off in every demo
-    # stage: one CPU rank, where stage 3 partitions nothing and its hooks cost 1.8x step time
-    # (benchmarks/bench_zero_stage_cpu.py).
-    # the student gets fewer steps (the demo's time budget)
+    # One epoch of short copy episodes stands in for the report's pretrained LLMs; the student gets
+    # fewer steps (time budget). ZeRO off on the one CPU rank. Why: docs/findings.md, "Demo pipeline".
     print("[3/6] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
     t = time.perf_counter()
     for name, model, steps in (
@@ -250,9 +246,8 @@ def run_demo(
           f"out_dir={root}/sft", f"num_epochs={teacher_epochs}", "num_segments_per_step=16", "trainer.lr=2e-3",
           "trainer.gradient_checkpointing=false", "trainer.zero_stage=0",
           *extra.get("sft", [])], root / "logs" / "sft_teacher.log")  # fmt: skip
-    # student: 3 layers, one epoch only: OPD does the rest. With 2 epochs the student started so close to
-    # the teacher (held-out KL 0.306) that OPD at lr 5e-4 only added noise (0.306 -> 0.446); with 1 epoch
-    # it starts at 0.847 and OPD brings it to 0.194 (same data, same OPD settings)
+    # student: 3 layers, one epoch only: OPD does the rest (after 2 epochs OPD only added noise;
+    # docs/findings.md, "Demo pipeline")
     _run(["-m", "hymem_train.sft", "model=tiny_student", f"model.path={root}/pretrain_student/final",
           f"data_path={root}/sft/data.jsonl", f"out_dir={root}/student_init", f"num_epochs={student_epochs}",
           "num_segments_per_step=16", "trainer.lr=2e-3",
@@ -269,8 +264,7 @@ def run_demo(
     timings["opd"] = time.perf_counter() - t
 
     # The growth penalty's bounds from the OPD student's own writes, as docs/reward.md prescribes for
-    # every harness: the configs' 2048-token floor suits real frameworks' banks, while the demo's
-    # native banks hold 10-60 tokens, so with it pen[t] was 0 on every chunk of every demo run.
+    # every harness (the configs' floor never bites on the demo's small banks: docs/findings.md)
     growth, counts["growth_bounds"] = growth_overrides(root / "opd")
     print(f"      {counts['growth_bounds']}", flush=True)
     print("[6/6] RL: chunk-level GRPO (python -m hymem_train.rl +exp=demo_rl)", flush=True)

@@ -1,8 +1,9 @@
-"""The embedded-default demo (`make demo`).
+"""The foundation demo (`make demo-gateway`, `scripts/demo.py --gateway-only`).
 
-Today it shows the foundation end to end: a tiny HYV3 policy served behind the OpenAI-compatible
+It shows the foundation end to end: a tiny HYV3 policy served behind the OpenAI-compatible
 gateway, harness-like clients (one credential per trajectory) calling it concurrently across chunks,
-and the token-exact Segments the gateway recorded. Later stages (SFT -> OPD -> RL) extend this file.
+and the token-exact Segments the gateway recorded. The full pipeline (SFT -> OPD -> RL) is
+scripts/demo_lib/pipeline.py.
 """
 
 from __future__ import annotations

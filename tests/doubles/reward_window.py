@@ -1,7 +1,7 @@
-"""Test support for the reward service (like harnesses/testing.py; used by tests/reward and usable
-by the rollout tests): a two-chunk window with probes, a trap and an ORM question, banks written on
-the native harness through its real write path, and scripted reader / judge replies for
-`harnesses.testing.StandInServer`.
+"""Test support for the reward service (used by tests/reward and usable by the rollout tests): a
+two-chunk window with probes, a trap and an ORM question, banks written on the native harness
+through its real write path, and scripted reader / judge replies for
+`tests.doubles.openai_server.StandInServer`.
 
 `build_group` writes each rollout's chunks with a scripted policy (the stand-in plays the gateway)
 and, after each chunk, closes the bank and forks it into a snapshot directory, as the rollout code
@@ -19,9 +19,9 @@ from pathlib import Path
 from data_pipeline.schema import GoldFact, OrmQuestion, Probe, ProbeKind, Window
 from harnesses.base import Endpoint, count_tokens
 from harnesses.native import NativeHarness
-from harnesses.testing import StandInServer
 from reward.records import ChunkSnapshot, RolloutGroup, RolloutRecord
 from reward.scoring import GrowthBounds, ScoringConfig
+from tests.doubles.openai_server import StandInServer
 
 SEQ = "synth/000"
 WINDOW = Window(sequence_id=SEQ, index=0, chunk_indices=[0, 1])
@@ -109,7 +109,7 @@ def write_rollout(root: Path, name: str, ops_per_chunk: list[list[str]], srv: St
         srv.set_replies([json.dumps({"ops": ops})])
         res = h.write_chunk(msgs, session_id="s1", date=f"2024-01-0{t + 1}", chunk_index=t)
         if not res.ok:
-            raise RuntimeError(f"reward.testing: rollout {name} chunk {t}: native write failed: {res}")
+            raise RuntimeError(f"reward_window: rollout {name} chunk {t}: native write failed: {res}")
         size = sum(count_tokens(words, e.text) for e in h.read_all())
         h.close()
         snap = root / name / f"after_c{t}"

@@ -8,9 +8,7 @@ are built from the same initial weights (each in its own child process: DeepSpee
 group per process) and train on the same packed SFT batches
 (plain-LM rows of the demo's pretraining stand-in); prints the mean step seconds of each (first 3
 steps skipped as warm-up), the final losses (equal up to float noise: the same optimisation), and
-the ratio. Measured on the 2-core dev box through `python -m hymem_train.sft` (40 steps each, nothing
-else running): 0.56 s vs 0.31 s per 16-row step (1.8x), losses equal to 1e-3; this script, 30 steps:
-0.502 s vs 0.307 s (1.63x), final losses 2.2726 vs 2.2720.
+the ratio. Numbers seen on the 2-core dev box: docs/findings.md, "Benchmarks".
 """
 
 import argparse

@@ -382,17 +382,9 @@ def pretraining_documents(
     Why: the report's writer and reader are pretrained LLMs, and both tasks are mostly copying (a
     name and a value from the conversation into a fact; a value from a record into an answer). A
     tiny model trained from scratch on the writer/reader demonstrations alone did not learn to copy
-    within the demo's budget: after ~1,200 SFT steps its attention stayed diffuse (max weight ~0.1)
-    and it wrote a fixed "Ivan's birthday is named Ines" whatever the chunk said (0-2 of 31 held-out
-    values). Dense, short copy episodes teach that skill faster. Copying appears as a phase change:
-    the tiny teacher's teacher-forced answer accuracy on held-out episodes (chance ~0.2) with the
-    first three kinds in equal shares was 0.31 (questions) / 0.24 (record lookups) / 0.44 (fact
-    values) after 500 steps of 16 documents and 0.84 / 0.78 / 0.84 after 1,000; the 3-layer student
-    0.74 / 0.69 / 0.75 after 1,000. With those, the SFT'd writer copied the person's name every time
-    but often picked the wrong attribute ("Alice owns a green car" for "I work as a plumber"): in the
-    harness prompt the fact sits a few lines back among greetings and small talk, which the
-    fourth kind ("talk") imitates. It is off by default: with mix (0.3, 0.2, 0.3, 0.2) the documents
-    are 22% longer and the phase change had not happened after 1,000 steps (0.33 / 0.39 / 0.43).
+    within the demo's budget; dense, short copy episodes teach that skill faster. The fourth kind
+    ("talk") imitates the greetings and small talk the harness prompt puts around a fact; it is off by
+    default because it delayed the copying phase change. Measured: docs/findings.md, "Data".
 
     Each document has `episodes_per_document` episodes, each about one person, people and values
     drawn independently at random (so no person-value association can be memorised; the demo's

@@ -1,4 +1,4 @@
-"""The one interface every memory harness implements (issue 3, DESIGN.md sections 2-3).
+"""The one interface every memory harness implements (issue 3; silent failures: docs/glossary.md).
 
 A *bank* is one directory on disk that a single framework owns. The rollout side drives it through
 `Harness`: open -> write_chunk* -> close -> fork. The same interface is implemented in-process
@@ -7,7 +7,7 @@ code never knows whether the bank lives in its own process or in a framework ven
 
 Stdlib only: this module is imported inside every framework venv (no torch, no hymem_train).
 
-Governing rule (DESIGN.md 2): a bad policy action gets a low reward; a platform fault is never
+Governing rule (docs/glossary.md): a bad policy action gets a low reward; a platform fault is never
 disguised as policy behaviour. Hence the three-way `WriteStatus`.
 """
 
@@ -239,12 +239,11 @@ class BankLock:
     so a bank is never copied while a writer may still be flushing.
 
     The fork-time probe (`is_held`) takes a *shared* lock for an instant: the report's 8 rollouts of
-    a window fork the same parent bank at the same moment, and a probe that took the exclusive lock
-    made a concurrent probe see "held" and end its rollout as a platform error (one rollout of 4 at
-    step 2 of the 2-rank test on CI; 2 of 12 one-rank RL runs here, 0 of 8 after). Shared probes never
-    conflict with each other; only an open bank's exclusive lock makes one fail. A writer's `acquire`
-    that meets a probe's instant shared lock retries for up to `PROBE_GRACE_S` before it calls the
-    bank open elsewhere.
+    a window fork the same parent bank at the same moment, and an exclusive probe made a concurrent
+    probe see "held" and fail its rollout as a platform error (measured rates: docs/findings.md,
+    "Harnesses: the fork-time bank-lock race"). Shared probes never conflict with each other; only an
+    open bank's exclusive lock makes one fail. A writer's `acquire` that meets a probe's instant shared
+    lock retries for up to `PROBE_GRACE_S` before it calls the bank open elsewhere.
     """
 
     PROBE_GRACE_S = 2.0

@@ -28,14 +28,12 @@ ROLLOUT_STATUSES = ("ok", "policy_error", "platform_error")
 ORM_MODES = ("attributed", "broadcast")
 SCORE_MODES = ("rubric", "binary")
 # How a chunk whose write was malformed policy output (silent failure 9) is scored:
-#   "floor": prm[t] = orm[t] = 0 (DESIGN.md, failure 9: "a valid trajectory with low reward");
+#   "floor": prm[t] = orm[t] = 0 (silent failure 9, docs/glossary.md: "a valid trajectory with low reward");
 #   "bank":  whatever its unchanged bank earns (our first reading; kept as an ablation).
-# With "bank", garbage earns every trap an unchanged bank passes: exactly what a valid but wrong write
-# earns (in the demo runs every logged trap pass rate was 1.0). Garbage then costs nothing over a wrong
-# write, while the negative advantages of a group's wrong writes push down the JSON scaffold they
-# share with the right ones: at lr 3e-4 the demo's RL went from 2-5 to 13-26 malformed chunks of 96
-# per step (docs/stages.md, demo findings part 3). With "floor" garbage ranks below every valid write;
-# a valid abstention ({"op": "NONE"}) still earns its traps, so storing nothing is never punished.
+# With "bank", garbage earns every trap an unchanged bank passes, so it costs nothing over a wrong write
+# and GRPO reinforced it (docs/findings.md, "Reward: scoring a malformed write by its unchanged bank").
+# With "floor" garbage ranks below every valid write; a valid abstention ({"op": "NONE"}) still earns
+# its traps, so storing nothing is never punished.
 MALFORMED_SCORES = ("floor", "bank")
 
 # Metric names (STYLE.md 9). Cross-rank / cross-group reduction: mean, weighted by the metric's

@@ -17,9 +17,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # How long the server keeps an idle keep-alive connection. It must outlast every client's own idle
 # expiry (httpx and the openai SDK: 5 s), so a client always drops an idle connection before the server
-# does. With uvicorn's default (also 5 s) a request sent on a connection idle for ~5 s could meet the
-# server's close: the demo's RL died at step 2 on "Server disconnected without sending a response" in
-# a rollout worker's register call, after the step-1 update left its connection idle (session 6).
+# does; uvicorn's default (also 5 s) let a request meet the server's close (docs/findings.md, "Gateway").
 KEEP_ALIVE_S = 75
 
 

@@ -23,13 +23,10 @@ TINY_VOCAB = 896
 
 # The demo models must learn to copy (a name and a value from the chunk into a fact, a value from a
 # record into an answer) within a few hundred CPU steps. HYV3 normalises q and k per head (QK-norm),
-# so an attention logit is at most sqrt(head_dim) * |q_norm| * |k_norm|: ~5.7 at head_dim 32, too
-# flat to single out one token among ~300 (the SFT'd 32-dim teacher's largest attention weight
-# averaged 0.07-0.3 per head and it ignored the chunk). 64 raises the cap to 8, as the report's 128
-# does to 11. The report's rope_theta (~1.1e7, for 256k contexts) leaves a 1k-token model almost no
-# positional signal; 1e4 is the usual short-context value (with it the teacher copied the person's
-# name in 240/240 held-out cases vs 208/240 at equal steps). initializer_range 0.02 (HYV3's default
-# 0.006 is scaled for hidden 2048): held-out copy accuracy 0.75 vs 0.55 after 300 steps.
+# so an attention logit is at most sqrt(head_dim) * |q_norm| * |k_norm|: head_dim 64 raises the cap
+# from ~5.7 to 8 (the report's 128: 11). The report's rope_theta (~1.1e7, for 256k contexts) leaves a
+# 1k-token model almost no positional signal; 1e4 is the usual short-context value. initializer_range
+# 0.02: HYV3's 0.006 is scaled for hidden 2048. Measured effects: docs/findings.md, "Models".
 _TINY_DEMO_ATTENTION: dict[str, Any] = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
     initializer_range=0.02,

@@ -3,7 +3,7 @@
 Injected: the sandbox of rollout 1 is SIGKILLed while it writes chunk 1 (and on every retry); the
 judge times out on every 4th call; the tiny policy writes malformed output on its own; rollout 0
 presents its key under another trajectory's path once per window. The run must finish, classify each
-fault as DESIGN.md section 2 says, count it, and leave every promoted bank intact.
+fault as docs/glossary.md (the nine silent failures) says, count it, and leave every promoted bank intact.
 """
 
 import json

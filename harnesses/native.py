@@ -154,8 +154,8 @@ class NativeHarness(Harness):
         self._lock: BankLock | None = None
         self._meta: BankMetadata | None = None
         self._bank_dir: Path | None = None
-        # httpx imported here, not at module top: harnesses.registry imports this module inside
-        # every framework venv, and not all of them ship httpx
+        # httpx imported here, not at module top: the sandbox imports this module inside every
+        # framework venv, and not all of them ship httpx
         import httpx
 
         self._httpx = httpx

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from data_pipeline.annotate import AnnotatorConfig
 from hymem_train.config import CONFIG_DIR
-from hymem_train.trainer.engine import TrainerConfig
-from reward.service import RewardConfig
+from hymem_train.trainer.config import TrainerConfig
+from reward.config import RewardConfig
 
 CONFIGS = Path(CONFIG_DIR)
 # (YAML file, dotted key inside it, or "" for the whole file) -> schema
@@ -23,7 +23,7 @@ CHECKED = [("reward/default.yaml", "", RewardConfig), ("data_build.yaml", "annot
 ]
 
 # (file, dotted key) -> why a value equal to the default is kept
-_STAGE_TESTS_AND_DEMO = "tests/stages/conftest.py and make demo (hymem_train/demo_pipeline.py) override it"
+_STAGE_TESTS_AND_DEMO = "tests/stages/conftest.py and make demo (scripts/demo_lib/pipeline.py) override it"
 OVERRIDE_TARGETS = {
     **{("reward/default.yaml", f"scoring.{k}"): "ablation knob, flipped on the command line (tests/reward)"
        for k in ("advantage_level", "orm_mode", "use_traps", "use_growth_penalty", "score_mode")},
@@ -90,7 +90,7 @@ def test_override_targets_are_still_repeated_defaults():
 
 
 def test_the_check_catches_a_repeated_default():
-    from hymem_train.trainer.losses import LossConfig
+    from hymem_train.trainer.config import LossConfig
 
     assert _repeated_defaults({"lr": 1e-6, "weight_decay": 0.0}, TrainerConfig, "") == [("weight_decay", 0.0)]
     assert _repeated_defaults({"kind": "ppo", "clip_low": 0.2}, LossConfig, "loss.") == [

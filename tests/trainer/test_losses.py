@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hymem_train.trainer.chunked_head import chunked_head, naive_head
+from hymem_train.trainer.config import LossConfig
 from hymem_train.trainer.losses import (
-    LossConfig,
     opd_support_stats,
     opd_token_loss,
     ppo_token_loss,

@@ -17,7 +17,9 @@ def init_ray(cluster: ClusterConfig) -> None:
     if ray.is_initialized():
         return
     if cluster.ray_address == "local":
-        ray.init(num_cpus=cluster.num_cpus, include_dashboard=False, log_to_driver=False)
+        # address="local" always starts a new cluster: without it ray.init joins whatever cluster a
+        # `ray_current_cluster` file left in the Ray temp dir names, and a stale one fails every run
+        ray.init(address="local", num_cpus=cluster.num_cpus, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=cluster.ray_address, log_to_driver=False)
 

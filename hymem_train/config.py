@@ -45,7 +45,7 @@ __all__ = [
 class ClusterConfig:
     num_nodes: int = 1  # nodes in the allocation (Slurm)
     num_gpus_per_node: int = 0  # 0 = CPU box
-    ray_address: str = "local"  # "local" = ray.init() here; "auto" = join the cluster slurm/ started
+    ray_address: str = "local"  # "local" = a new cluster here, whatever /tmp/ray holds; "auto" = join slurm/'s
     num_cpus: int = 2  # CPUs Ray may use on a local start
 
     def validate(self) -> None:

@@ -218,7 +218,7 @@ def test_ray_service_end_to_end(group, endpoints):
     g2 = dataclasses.replace(
         group, rollouts=[*group.rollouts, dataclasses.replace(group.rollouts[1], status="platform_error")]
     )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         svc = RewardService(cfg, functools.partial(NativeHarness, None))
         res, res2 = svc.score_groups([group, g2])

@@ -14,7 +14,9 @@ and in tests / scripts: `to_typed(compose("opd", ["+exp=demo_cpu"]), OpdConfig)`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from data_pipeline.typed_config import (
     CONFIG_DIR,
@@ -34,6 +36,7 @@ __all__ = [
     "LoggingConfig",
     "RunConfig",
     "compose",
+    "config_diff",
     "to_typed",
     "to_yaml",
 ]
@@ -45,7 +48,9 @@ __all__ = [
 class ClusterConfig:
     num_nodes: int = 1  # nodes in the allocation (Slurm)
     num_gpus_per_node: int = 0  # 0 = CPU box
-    ray_address: str = "local"  # "local" = a new cluster here, whatever /tmp/ray holds; "auto" = join slurm/'s
+    ray_address: str = (
+        "local"  # "local" = a new cluster here, whatever /tmp/ray holds; "auto" = join slurm/'s
+    )
     num_cpus: int = 2  # CPUs Ray may use on a local start
 
     def validate(self) -> None:
@@ -63,3 +68,24 @@ class LoggingConfig:
     def validate(self) -> None:
         if self.wandb_mode not in ("offline", "online", "disabled"):
             raise ValueError(f"logging.wandb_mode must be offline/online/disabled, got {self.wandb_mode!r}")
+
+
+def config_diff(a: Any, b: Any, *, atomic: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (value in a, value in b) for every leaf where two typed configs differ. A key in
+    `atomic` (e.g. "harnesses") is compared whole: a changed harness set is one difference."""
+    from omegaconf import OmegaConf
+
+    def plain(x):
+        return OmegaConf.to_container(OmegaConf.structured(x)) if dataclasses.is_dataclass(x) else x
+
+    out: dict[str, tuple[Any, Any]] = {}
+
+    def walk(x, y, prefix: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict) and prefix.rstrip(".") not in atomic:
+            for k in sorted(set(x) | set(y), key=str):
+                walk(x.get(k), y.get(k), f"{prefix}{k}.")
+        elif x != y:
+            out[prefix.rstrip(".")] = (x, y)
+
+    walk(plain(a), plain(b), "")
+    return out

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml requirements/lock-cpu.txt | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup harness-venvs test test-fast demo demo-gateway lint format bench clean
+.PHONY: setup harness-venvs test test-fast demo demo-gateway ablations lint format bench clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ demo: setup
 
 demo-gateway: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py --gateway-only
+
+# the ablation table at tiny scale (needs a finished `make demo`): docs/ablations.md
+ablations: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline HF_DATASETS_DISABLE_PROGRESS_BARS=1 $(PY) scripts/ablations.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

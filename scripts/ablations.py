@@ -1,0 +1,45 @@
+"""`make ablations`: the ablation table at tiny scale on CPU, from `make demo`'s OPD checkpoint.
+
+    .venv/bin/python scripts/ablations.py                       # 3 seeds x 4 RL steps per ablation
+    .venv/bin/python scripts/ablations.py --full                # 3 seeds x 24 steps (the demo's RL length)
+    .venv/bin/python scripts/ablations.py --only baseline no_traps --seeds 2
+
+Writes runs/ablations/ (one run directory per ablation and seed; finished runs are reused) and the
+table to docs/ablations.md + docs/ablations.png. The logic lives in scripts/demo_lib/ablations.py.
+"""
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: scripts.demo_lib
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--demo-root", default="runs/demo", help="a finished `make demo` (its OPD checkpoint and data)"
+    )
+    ap.add_argument("--out", default="runs/ablations")
+    ap.add_argument("--table", default="docs/ablations.md")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--steps", type=int, default=4, help="RL steps per run (held-out evaluation at 0 and the last)"
+    )
+    ap.add_argument("--eval-rollouts", type=int, default=2)
+    ap.add_argument(
+        "--full", action="store_true", help="24 steps and 4 evaluation rollouts, as the demo's RL"
+    )
+    ap.add_argument("--only", nargs="*", help="ablation names (baseline, no_traps, ...)")
+    args = ap.parse_args()
+    from scripts.demo_lib.ablations import run_table, write_table
+
+    steps, ev = (24, 4) if args.full else (args.steps, args.eval_rollouts)
+    t0 = time.perf_counter()
+    table = run_table(Path(args.demo_root), Path(args.out), seeds=args.seeds, steps=steps, eval_rollouts=ev,
+                      only=args.only)  # fmt: skip
+    print(
+        write_table(table, Path(args.table), steps=steps, seeds=args.seeds, wall_s=time.perf_counter() - t0)
+    )

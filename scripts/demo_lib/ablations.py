@@ -1,0 +1,201 @@
+"""The ablation table at tiny scale on CPU: every `configs/exp/ablation_*.yaml` x N seeds, each an RL
+run from the same OPD checkpoint of `make demo`, against the baseline (the demo's RL recipe).
+
+Each overlay changes one knob of the full-size `hy_memory_rl` (tests/config/test_configs.py checks
+it); here that one knob is read off the typed configs (`config_diff`) and applied to the tiny RL
+recipe (`+exp=demo_rl`). Path-valued knobs get their tiny-scale counterpart (`init_checkpoint`: the
+demo's SFT student, the checkpoint OPD started from); a knob with no tiny-scale counterpart is shown
+as "not run" with the reason. Seeds: `run.seed` (it reaches every seed of the stage). Runs that
+finished are reused, so an interrupted table resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+METRIC = "eval/s"  # held-out mean per-chunk score s[t] (the RL stage's own held-out evaluation)
+BASELINE = "baseline"
+# t quantiles (two-sided 95%) for small samples; a normal quantile beyond
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+@dataclass
+class Ablation:
+    name: str
+    knob: str  # the dotted key the overlay changes ("" for the baseline)
+    overrides: list[str]  # the knob at tiny scale, as Hydra overrides
+    skip_reason: str = ""  # non-empty: not run at tiny scale, and why
+    finals: list[float] = field(default_factory=list)  # METRIC at the last step, one per seed
+    starts: list[float] = field(default_factory=list)  # METRIC at step 0, one per seed
+    seconds: list[float] = field(default_factory=list)
+
+
+def _fmt(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def discover(root: Path, config_dir: Path | None = None) -> list[Ablation]:
+    """The baseline and one `Ablation` per overlay, with its knob translated to the tiny scale."""
+    from hymem_train.config import CONFIG_DIR, compose, config_diff, to_typed
+    from hymem_train.run_config import RlConfig
+
+    cdir = Path(config_dir or CONFIG_DIR)
+    base = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig)
+    out = [Ablation(BASELINE, "", [])]
+    for p in sorted((cdir / "exp").glob("ablation_*.yaml")):
+        name = p.stem.removeprefix("ablation_")
+        diff = config_diff(base, to_typed(compose("rl", [f"+exp={p.stem}"]), RlConfig), atomic=("harnesses",))
+        diff = {k: v for k, v in diff.items() if not k.startswith("run.")}
+        if len(diff) != 1:
+            raise ValueError(f"{p}: an ablation overlay changes one knob; this one changes {sorted(diff)}")
+        [(knob, (_, value))] = diff.items()
+        if knob == "init_checkpoint":  # generic SFT init: the demo's SFT student, where OPD started
+            out.append(Ablation(name, knob, [f"init_checkpoint={root}/student_init/final"]))
+        elif knob == "harnesses":
+            out.append(Ablation(name, knob, [], skip_reason="the tiny recipe trains in one harness (native)"))
+        else:
+            out.append(Ablation(name, knob, [f"{knob}={_fmt(value)}"]))
+    return out
+
+
+def run_table(
+    root: Path,
+    out: Path,
+    *,
+    seeds: int = 3,
+    steps: int = 4,
+    eval_rollouts: int = 2,
+    only: list[str] | None = None,
+    extra: list[str] | None = None,
+) -> list[Ablation]:
+    """Every ablation x seed as a real `python -m hymem_train.rl` run (reused when already finished)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from scripts.demo_lib.pipeline import growth_overrides
+
+    for need in (root / "opd" / "final", root / "sft" / "final", root / "data" / "prompts" / "native"):
+        if not need.exists():
+            raise FileNotFoundError(
+                f"{need} is missing: run `make demo` first (the ablations start from its OPD)"
+            )
+    growth, _ = growth_overrides(root / "opd")
+    table = [a for a in discover(root) if not only or a.name in only]
+    for a in table:
+        if a.skip_reason:
+            continue
+        for seed in range(seeds):
+            run_dir = out / a.name / f"seed{seed}"
+            rows = _history(run_dir)
+            if not (rows and rows[-1]["step"] == steps and METRIC in rows[-1]):
+                t0 = time.perf_counter()
+                cmd = [sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl",
+                       f"data.path={root}/data/prompts/native", f"data.eval_path={root}/data/eval/native",
+                       f"init_checkpoint={root}/opd/final", f"reader_model.path={root}/sft/final",
+                       f"run.output_dir={run_dir}", f"run.name=ablation_{a.name}_seed{seed}", f"run.seed={seed}",
+                       f"num_steps={steps}", f"save_every={steps}", f"rl.num_eval_rollouts={eval_rollouts}",
+                       "logging.wandb_mode=disabled", *growth, *a.overrides, *(extra or [])]  # fmt: skip
+                print(f"  {a.name} seed {seed}: {' '.join(a.overrides) or '(the demo recipe)'}", flush=True)
+                log = out / "logs" / f"{a.name}_seed{seed}.log"
+                log.parent.mkdir(parents=True, exist_ok=True)
+                with log.open("w") as f:
+                    r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+                if r.returncode != 0:
+                    raise RuntimeError(
+                        f"ablation {a.name} seed {seed} failed (exit {r.returncode}); see {log}"
+                    )
+                (run_dir / "wall_seconds").write_text(f"{time.perf_counter() - t0:.1f}")
+                rows = _history(run_dir)
+            a.starts.append(next(r[METRIC] for r in rows if r["step"] == 0))
+            a.finals.append(rows[-1][METRIC])
+            wall = run_dir / "wall_seconds"
+            a.seconds.append(float(wall.read_text()) if wall.exists() else float("nan"))
+    return table
+
+
+def _history(run_dir: Path) -> list[dict]:
+    p = run_dir / "metrics.jsonl"
+    if not p.exists():
+        return []
+    by_step = {}
+    for line in p.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_step[row["step"]] = {**by_step.get(row["step"], {}), **row}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (nan for fewer than 2 values)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def diff_ci(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Difference of means (xs - ys) and the half-width of a Welch 95% interval."""
+    (mx, _), (my, _) = mean_ci(xs), mean_ci(ys)
+    if len(xs) < 2 or len(ys) < 2:
+        return mx - my, float("nan")
+    vx = sum((x - mx) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
+    vy = sum((y - my) ** 2 for y in ys) / (len(ys) - 1) / len(ys)
+    se = math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / ((vx**2 / (len(xs) - 1) if vx else 0) + (vy**2 / (len(ys) - 1) if vy else 0) or 1)
+    return mx - my, T95.get(max(1, math.floor(df)), 1.96) * se
+
+
+def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wall_s: float) -> str:
+    """docs/ablations.md-style markdown (and a PNG beside it): mean +- 95% CI per ablation and the
+    difference to the baseline; an interval that covers 0 is a tie."""
+    base = next((a for a in table if a.name == BASELINE), None)
+    lines = [
+        f"Held-out mean per-chunk score `{METRIC}` after {steps} RL steps, {seeds} seed(s) each "
+        f"(run.seed 0..{seeds - 1}), every run from the same OPD checkpoint; 95% t-intervals (Welch for the "
+        f"difference). Wall time of the table: {wall_s / 60:.1f} min.",
+        "",
+        "| ablation | knob | step 0 | final | final - baseline |",
+        "|---|---|---|---|---|",
+    ]
+    for a in table:
+        if a.skip_reason:
+            lines.append(f"| {a.name} | `{a.knob}` | not run | not run ({a.skip_reason}) | |")
+            continue
+        s0, (m, h) = mean_ci(a.starts)[0], mean_ci(a.finals)
+        d = (
+            ""
+            if a is base or base is None or not base.finals
+            else "{:+.3f} ± {:.3f}".format(*diff_ci(a.finals, base.finals))
+        )
+        lines.append(f"| {a.name} | `{a.knob or '-'}` | {s0:.3f} | {m:.3f} ± {h:.3f} | {d} |")
+    text = "\n".join(lines) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    _plot(table, path.with_suffix(".png"))
+    return text
+
+
+def _plot(table: list[Ablation], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [a for a in table if a.finals]
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(ran)))
+    for i, a in enumerate(ran):
+        m, h = mean_ci(a.finals)
+        ax.errorbar([m], [i], xerr=[[0 if math.isnan(h) else h]], fmt="o", capsize=3)
+        ax.scatter(a.finals, [i] * len(a.finals), s=8, alpha=0.5)
+    ax.set_yticks(range(len(ran)), [a.name for a in ran], fontsize=8)
+    ax.set_xlabel(f"held-out {METRIC} (mean, 95% CI; dots: seeds)", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)

@@ -176,7 +176,10 @@ def load_sources(cfg: DataConfig) -> tuple[LoadResult, SyntheticData | None]:
         try:
             part = load_source(s.kind, s.path, s.name or None, allow_session_gaps=cfg.allow_session_gaps)
         except RecordError as e:
-            raise RecordError(f"data.sources[{i}] (kind {s.kind}): {e}") from None
+            hint = ""
+            if str(e).endswith("no such file"):
+                hint = f" (set data.sources[{i}].path; the shipped data configs read $HYMEM_DATA, default data/, and $HYMEM_SHARED_DATA, default ../shared/data)"
+            raise RecordError(f"data.sources[{i}] (kind {s.kind}): {e}{hint}") from None
         if not part.sequences:
             log.warning(
                 "data.sources[%d] (kind %s): %s contributed 0 sequences (the file holds no records); "
@@ -254,7 +257,7 @@ def build_profile(
                 f"profile {profile}: only {res.num_units - len(failures)} of {res.num_units} annotation calls "
                 f"succeeded ({res.success_rate:.0%} < annotator.min_success_rate="
                 f"{cfg.annotator.min_success_rate}); reasons: {failure_reasons(failures)}; "
-                f"details in {cache / 'failures.jsonl'}; nothing was written"
+                f"details in {cache / 'failures.jsonl'}; nothing was written (threshold: +annotator.min_success_rate=R)"
             )
     elif cfg.data.use_seed_facts:
         facts = attribute_seed_facts(loaded.seed_facts, chunks)
@@ -393,6 +396,8 @@ def load_config(overrides: list[str]) -> DataBuildConfig:
     return to_typed(compose("data_build", overrides), DataBuildConfig)
 
 
+# HTTP client loggers that print one INFO line per request (openai 3.x logs through httpx2)
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "urllib3")
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, RecordError, BuildError, OSError)
 
 
@@ -402,9 +407,10 @@ def usage(prog: str = "python -m data_pipeline.build") -> str:
     exps = sorted(
         p.stem for p in (Path(CONFIG_DIR) / "exp").glob("*.yaml") if "primaries: data_build" in p.read_text()
     )
+    judged = ", then judge validation (judge_validation.*)" if prog == JUDGED_BUILD_COMMAND else ""
     return f"""usage: {prog} [--cfg] [--debug] [--help] [KEY=VALUE ...]
 
-Builds reward / evaluation data (docs/data.md): one dataset per harness configuration under
+Builds reward / evaluation data (docs/data.md){judged}: one dataset per harness configuration under
 <out_dir>/<profile>/ plus <out_dir>/stats.md. Config: configs/data_build.yaml, composed by Hydra;
 arguments are Hydra overrides (KEY=VALUE, +KEY=VALUE for keys the YAML lacks).
 
@@ -436,7 +442,7 @@ examples:
 def setup_logging() -> None:
     """The build's own INFO lines; the HTTP clients' one-line-per-request INFO logs are held at WARNING."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpcore", "openai"):
+    for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -465,7 +471,7 @@ def main(
             raise
         msg = " ".join(str(e).split()) or type(e).__name__
         if isinstance(e, HydraException):
-            msg = f"bad override: {msg} (see --help)"
+            msg = f"bad override: {msg.split(' Config search path')[0]} (see --help)"
         print(f"error: {msg}  [traceback: --debug or {DEBUG_ENV}=1]", file=sys.stderr)
         return 2
     print(format_table(rows))

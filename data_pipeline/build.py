@@ -34,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,7 +347,7 @@ def build(
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out_dir)
-    build_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    build_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     stage = Path(tempfile.mkdtemp(prefix=f".staging-{build_id}-", dir=out_dir))
     try:
         shared_mode(stage, directory=True)

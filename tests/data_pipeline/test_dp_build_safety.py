@@ -349,3 +349,36 @@ def test_no_chunk_over_budget_with_shipped_tokenizer(mode, locomo_path, longmeme
     # packing stays tight: most chunks use a good part of the budget
     multi = [c.num_tokens for c in chunks if len(c.turns) > 1]
     assert sum(multi) / len(multi) > 200
+
+
+_KILL_AFTER_FIRST_PROFILE = """
+import os, signal, sys
+import data_pipeline.build as b
+real, done = b.install_profile, []
+def install(staged, target):
+    if done:
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 between two renames: no finally, no cleanup
+    done.append(target)
+    return real(staged, target)
+b.install_profile = install
+b.main(sys.argv[1:])
+"""
+
+
+def test_real_sigkill_mid_install_is_refused(tmp_path, locomo_path):
+    import subprocess
+    import sys
+
+    small = _small_locomo(locomo_path, tmp_path / "small.json")
+    out = tmp_path / "out"
+    args = ["data=locomo_sample", f"out_dir={out}", f"data.sources=[{{kind:locomo,path:{small}}}]"]
+    assert main(args) == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_AFTER_FIRST_PROFILE, *args, "data.eval_seed=1"], env=env
+    )
+    assert proc.returncode == -9
+    with pytest.raises(RecordError, match=r"did not finish .*BUILD_INCOMPLETE exists: build .*pid"):
+        store.BuiltDataset(out / "memos")
+    assert main(args) == 0  # a rerun repairs it
+    store.BuiltDataset(out / "memos")

@@ -80,6 +80,9 @@ class AnnotatorConfig:
     num_orm_questions: int = 3  # questions requested per window
     cache_dir: str = ""  # calls.jsonl + failures.jsonl live here ("" = <out_dir>/annotation_cache)
     progress: bool = True  # tqdm progress bar over calls
+    # the build refuses to write a profile when fewer than this share of its annotation calls (PRM per
+    # chunk, ORM per window) succeeded: a wrong context size or a server without JSON output fails them all
+    min_success_rate: float = 0.9
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,6 +219,29 @@ class AnnotationResult:
     failures: list[Failure] = field(default_factory=list)
     num_calls: int = 0  # calls that reached the endpoint (paid)
     num_cached: int = 0  # calls answered from the cache
+    num_units: int = 0  # annotation units asked (one PRM call per chunk, one ORM call per window with facts)
+
+    @property
+    def success_rate(self) -> float:
+        return 1.0 if not self.num_units else (self.num_units - len(self.failures)) / self.num_units
+
+
+def failure_reason(f: Failure) -> str:
+    """A failure's last error reduced to its kind: "platform: BadRequestError", "not valid JSON", "schema"."""
+    last = re.sub(r"^attempt \d+: ", "", f.errors[-1] if f.errors else f.kind)
+    parts = [p.strip() for p in last.split(":")]
+    return ": ".join(parts[:2]) if parts[0] == "platform" else parts[0]
+
+
+def failure_reasons(failures: list[Failure], top: int = 3) -> str:
+    """The most common failure reasons, counted: "38x platform: BadRequestError, 9x not valid JSON"."""
+    counts: dict[str, int] = {}
+    for f in failures:
+        counts[failure_reason(f)] = counts.get(failure_reason(f), 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{n}x {r}" for r, n in ranked[:top])
+    rest = sum(n for _, n in ranked[top:])
+    return text + (f", {rest}x other" if rest else "")
 
 
 class CallCache:
@@ -280,6 +306,7 @@ class Annotator:
         self.lock = threading.Lock()
         self.num_calls = 0
         self.num_cached = 0
+        self.num_units = 0
         self.failures: list[Failure] = []
 
     def _response_format(self, name: str, model: type[BaseModel]) -> dict[str, Any] | None:
@@ -300,6 +327,8 @@ class Annotator:
         """One validated call (cached). Returns the validated answer model or None (failure recorded)."""
         messages = [{"role": "system", "content": system}, {"role": "user", "content": json.dumps(payload)}]
         key = call_key(self.cfg, pass_name, messages)
+        with self.lock:
+            self.num_units += 1
         cached = self.cache.get(key)
         if cached is not None:
             with self.lock:
@@ -515,7 +544,7 @@ def annotate(
     with ThreadPoolExecutor(max_workers=max(1, cfg.num_workers)) as pool:
         parts = list(pool.map(lambda s: ann.annotate_sequence(*by_seq[s], tick=tick), seq_ids))
     bar.close()
-    out = AnnotationResult(num_calls=ann.num_calls, num_cached=ann.num_cached)
+    out = AnnotationResult(num_calls=ann.num_calls, num_cached=ann.num_cached, num_units=ann.num_units)
     for facts, probes, questions in parts:
         out.facts += facts
         out.probes += probes

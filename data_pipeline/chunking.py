@@ -8,9 +8,12 @@ reward. Chunking modes:
 Turns are never split: a single turn longer than the budget becomes its own chunk (logged), since a
 half-turn would attribute facts to a chunk that does not contain them.
 
-The budget is counted on the rendered chunk (`render_chunk`: a date header plus one line per turn)
-with any tokenizer offering `encode(text) -> list[int]`; lines are counted one by one so that
-chunking stays linear in the sequence length.
+The budget is counted on the rendered chunk (`render_chunk`: a date header plus one line per turn,
+joined by newlines) with any tokenizer offering `encode(text) -> list[int]`. Packing estimates a
+chunk as the sum of its lines plus one newline per line after the first (each line is tokenized once,
+so chunking stays linear in the sequence length), then counts the rendered chunk exactly once and
+gives back trailing turns while it is over the budget (a BPE can merge across a line break), so no
+chunk of two or more turns exceeds `max_tokens`.
 
 Windows are consecutive, non-overlapping runs of at most 5 chunks (report: the best rollout's final
 bank of window i is the parent bank of window i+1, so windows must tile the sequence in order).
@@ -95,6 +98,53 @@ def load_tokenizer(path: str) -> Tokenizer:
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
+def _make_chunk(seq_id: str, index: int, g: list[tuple[Turn, str, str]]) -> Chunk:
+    starts = [j for j in range(len(g)) if j == 0 or g[j][1] != g[j - 1][1]]
+    return Chunk(
+        sequence_id=seq_id,
+        index=index,
+        turns=[t for t, _, _ in g],
+        date=g[0][2],
+        session_ids=[g[j][1] for j in starts],
+        session_starts=starts,
+        session_dates=[g[j][2] for j in starts],
+    )
+
+
+def _pack(
+    seq_id: str, items: list[tuple[Turn, str, str]], budget: int, tok: Tokenizer
+) -> list[list[tuple[Turn, str, str]]]:
+    """Greedy packing of whole turns into groups whose rendered chunk fits `budget` tokens."""
+    newline = _count(tok, "\n")
+    line = [_count(tok, render_turn(t)) for t, _, _ in items]
+    header = {d: _count(tok, render_header(d)) for _, _, d in items}
+    groups = []
+    i = 0
+    while i < len(items):
+        # a chunk opens with its date header; a later session inside it adds its own header line
+        used = header[items[i][2]] + newline + line[i]
+        j = i + 1
+        while j < len(items):
+            new_session = items[j][1] != items[j - 1][1]
+            cost = newline + line[j] + (header[items[j][2]] + newline if new_session else 0)
+            if used + cost > budget:
+                break
+            used += cost
+            j += 1
+        # the estimate can miss merges across line breaks: check the rendered chunk, give back turns
+        while j - i > 1 and _count(tok, render_chunk(_make_chunk(seq_id, 0, items[i:j]))) > budget:
+            j -= 1
+        if j - i == 1 and used > budget:
+            t = items[i][0]
+            log.warning(
+                "%s: turn %s alone is %d tokens > budget %d; it becomes its own chunk",
+                seq_id, t.turn_id, used, budget,
+            )  # fmt: skip
+        groups.append(items[i:j])
+        i = j
+    return groups
+
+
 def chunk_sequence(seq: Sequence, cfg: ChunkingConfig, tokenizer: Tokenizer | None = None) -> list[Chunk]:
     """Split one sequence into chunks with deterministic indices 0..n-1."""
     cfg.validate()
@@ -104,45 +154,13 @@ def chunk_sequence(seq: Sequence, cfg: ChunkingConfig, tokenizer: Tokenizer | No
     if cfg.mode == "session":
         groups = [[(t, s.session_id, s.date) for t in s.turns] for s in seq.sessions if s.turns]
     else:
-        current: list[tuple[Turn, str, str]] = []
-        used = 0
-        for s in seq.sessions:
-            if cfg.mode == "session_tokens" and current:
-                groups.append(current)
-                current, used = [], 0
-            header = _count(tok, render_header(s.date))
-            for j, t in enumerate(s.turns):
-                turn_cost = _count(tok, render_turn(t))
-                # a date header precedes a session's first turn and the first turn of every chunk
-                cost = turn_cost + (header if j == 0 or not current else 0)
-                if current and used + cost > cfg.max_tokens:
-                    groups.append(current)
-                    current, used = [], 0
-                    cost = turn_cost + header
-                current.append((t, s.session_id, s.date))
-                used += cost
-                if len(current) == 1 and used > cfg.max_tokens:
-                    log.warning(
-                        "%s: turn %s alone is %d tokens > budget %d; it becomes its own chunk",
-                        seq.sequence_id,
-                        t.turn_id,
-                        used,
-                        cfg.max_tokens,
-                    )
-        if current:
-            groups.append(current)
+        runs = [[(t, s.session_id, s.date) for t in s.turns] for s in seq.sessions]
+        if cfg.mode == "tokens":  # packing crosses session boundaries
+            runs = [[x for r in runs for x in r]]
+        groups = [g for r in runs if r for g in _pack(seq.sequence_id, r, cfg.max_tokens, tok)]
     chunks = []
     for i, g in enumerate(groups):
-        starts = [j for j in range(len(g)) if j == 0 or g[j][1] != g[j - 1][1]]
-        c = Chunk(
-            sequence_id=seq.sequence_id,
-            index=i,
-            turns=[t for t, _, _ in g],
-            date=g[0][2],
-            session_ids=[g[j][1] for j in starts],
-            session_starts=starts,
-            session_dates=[g[j][2] for j in starts],
-        )
+        c = _make_chunk(seq.sequence_id, i, g)
         c.num_tokens = _count(tok, render_chunk(c))
         chunks.append(c)
     return chunks

@@ -36,7 +36,16 @@ LOCOMO_CATEGORIES = {
     "5": "adversarial",
 }
 _LOCOMO_TURN_ID = re.compile(r"^D(\d+):(\d+)$")
-_LOCOMO_ANY_ID = re.compile(r"D\d+:\d+")
+# every id written inside an evidence string, tolerating the variants the files hold: "D8:6; D9:17",
+# "D30:05" (zero-padded), "D:11:26" (a stray colon after D), "D11: 26"
+_LOCOMO_LOOSE_ID = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
+# the top-level keys that tell the source layouts apart (a file passed as the wrong kind says so)
+_KIND_KEYS = {
+    "locomo": ("sample_id", "conversation"),
+    "longmemeval": ("question_id", "haystack_sessions"),
+    "jsonl": ("sequence_id", "sessions"),
+}
+EVIDENCE_STATUSES = ("unresolved", "recovered", "empty")
 
 
 @dataclass
@@ -48,6 +57,18 @@ class EvidenceIssue(Record):
     raw: str  # the evidence string as written
     reason: str  # what is wrong
     resolved: list[str] = field(default_factory=list)  # ids recovered from it (may be empty)
+    # "unresolved": some id it names resolves to no turn / session (or it names none);
+    # "recovered": every id it names was read despite the malformed form; "empty": no evidence given
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            if not self.raw:
+                self.status = "empty"
+            elif self.resolved and "unresolved" not in self.reason:
+                self.status = "recovered"
+            else:
+                self.status = "unresolved"
 
     def short(self) -> str:
         return f"{self.raw!r}: {self.reason}" + (f" -> {self.resolved}" if self.resolved else "")
@@ -92,13 +113,49 @@ def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
     return t if isinstance(t, tuple) else (t,)
 
 
-def _read_json(path: Path) -> Any:
+def _read_text(path: Path) -> str:
+    if not path.exists():
+        raise RecordError(f"{path}: no such file")
+    if path.is_dir():
+        raise RecordError(f"{path}: is a directory, not a data file")
+    return path.read_text()
+
+
+def _read_json(path: Path, kind: str) -> Any:
+    text = _read_text(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(text)
     except json.JSONDecodeError as e:
+        if e.msg == "Extra data" and text.lstrip().startswith("{"):
+            raise RecordError(
+                f"{path}: holds one JSON object per line (the generic JSONL layout), not the {kind} "
+                "layout (one JSON list); set this source's kind to 'jsonl'"
+            ) from None
         raise RecordError(
             f"{path}: not valid JSON (truncated?) at line {e.lineno} col {e.colno}: {e.msg}"
         ) from None
+
+
+def looks_like(record: Any) -> str | None:
+    """The source kind whose layout a top-level record has (by its identifying keys), or None."""
+    if not isinstance(record, dict):
+        return None
+    for kind, keys in _KIND_KEYS.items():
+        if all(k in record for k in keys):
+            return kind
+    return None
+
+
+def _check_kind(path: Path, record: Any, kind: str, n: int) -> None:
+    """A record lacking this kind's keys but having another kind's: say the file is the other kind."""
+    other = looks_like(record)
+    if other is not None and other != kind:
+        have = ", ".join(repr(k) for k in _KIND_KEYS[other])
+        want = ", ".join(repr(k) for k in _KIND_KEYS[kind])
+        raise RecordError(
+            f"{path}: looks like a {other} file, not {kind} (record #{n} has {have}, not {want}); "
+            f"set this source's kind to '{other}'"
+        )
 
 
 def _answer_text(v: Any) -> str:
@@ -111,35 +168,39 @@ def _answer_text(v: Any) -> str:
 
 def parse_locomo_evidence(raw: str, known: set[str]) -> tuple[list[str], str | None]:
     """One evidence string -> (resolved turn ids, problem or None)."""
-    m = _LOCOMO_TURN_ID.match(raw)
-    if m:
-        if raw in known:
-            return [raw], None
-        norm = f"D{int(m.group(1))}:{int(m.group(2))}"  # "D1:01" pads the turn number
-        if norm in known:
-            return [norm], f"zero-padded turn id, read as {norm}"
-        return [], "turn id resolves to no turn"
-    found = _LOCOMO_ANY_ID.findall(raw)
-    if not found:
+    if raw in known:
+        return [raw], None
+    ids = list(dict.fromkeys(f"D{int(a)}:{int(b)}" for a, b in _LOCOMO_LOOSE_ID.findall(raw)))
+    if not ids:
         return [], "malformed evidence id (no D<session>:<turn> inside)"
-    # "D8:6; D9:17" lists two ids in one string; "D30:05" pads the turn number
-    ids = [f"D{int(m.group(1))}:{int(m.group(2))}" for m in map(_LOCOMO_TURN_ID.match, found) if m]
     resolved = [i for i in ids if i in known]
     missing = [i for i in ids if i not in known]
+    if len(ids) == 1 and len(_LOCOMO_LOOSE_ID.findall(raw)) == 1:
+        (norm,) = ids
+        if raw == norm:
+            return [], "turn id resolves to no turn"
+        what = "zero-padded turn id" if _LOCOMO_TURN_ID.match(raw) else f"nonstandard turn id {raw!r}"
+        if missing:
+            return [], f"{what}, read as {norm}; unresolved: {missing}"
+        return [norm], f"{what}, read as {norm}"
+    # "D8:6; D9:17" lists two ids in one string
     reason = f"malformed evidence string holding {len(ids)} id(s)"
     if missing:
         reason += f"; unresolved: {missing}"
     return resolved, reason
 
 
-def load_locomo(path: str | Path, source: str = "locomo") -> LoadResult:
+def load_locomo(path: str | Path, source: str = "locomo", allow_session_gaps: bool = False) -> LoadResult:
+    """`allow_session_gaps`: load a conversation whose session numbers have gaps (warned) instead of
+    refusing it; a gap in a benchmark file almost always means a corrupted or hand-edited file."""
     path = Path(path)
-    data = _read_json(path)
+    data = _read_json(path, "locomo")
     if not isinstance(data, list):
         raise RecordError(f"{path}: top level must be a list of samples, got {type(data).__name__}")
     out = LoadResult()
     for n, sample in enumerate(data):
         where0 = f"{path} sample #{n}"
+        _check_kind(path, sample, "locomo", n)
         sample_id = _need(sample, "sample_id", str, where0, "sample_id")
         where = f"{path} sample {sample_id}"
         seq_id = f"{source}/{sample_id}"
@@ -148,6 +209,7 @@ def load_locomo(path: str | Path, source: str = "locomo") -> LoadResult:
         numbers = sorted(
             int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)) is not None
         )
+        _check_session_numbers(path, sample, sample_id, numbers, allow_session_gaps)
         sessions = []
         for s in numbers:
             key = f"session_{s}"
@@ -233,6 +295,43 @@ def load_locomo(path: str | Path, source: str = "locomo") -> LoadResult:
     return out
 
 
+def _check_session_numbers(
+    path: Path, sample: dict, sample_id: str, numbers: list[int], allow_gaps: bool
+) -> None:
+    """Sessions are numbered 1..N; a missing one silently drops its turns, observations and traps.
+
+    The numbers the sample's `observation` / `session_summary` name count too (a removed last session
+    leaves them behind). `session_N_date_time` keys do not: the original files carry dates for
+    sessions they do not hold (conv-26 has dates up to session_35 and 19 sessions).
+    """
+    named = set(numbers)
+    for key in ("observation", "session_summary"):
+        if isinstance(sample.get(key), dict):
+            named |= {int(m.group(1)) for k in sample[key] if (m := re.fullmatch(r"session_(\d+)_\w+", k))}
+    missing = sorted(set(range(1, max(named, default=0) + 1)) - set(numbers))
+    if not missing:
+        return
+    names = ", ".join(f"session_{i}" for i in missing)
+    msg = (
+        f"{path} sample {sample_id}: field 'conversation' has no {names} (sessions present: "
+        f"{_ranges(numbers) or 'none'}); a gap usually means a corrupted or edited file"
+    )
+    if not allow_gaps:
+        raise RecordError(msg + "; to load it anyway: +data.allow_session_gaps=true")
+    log.warning("%s; loaded anyway (data.allow_session_gaps=true)", msg)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[2, 3, 4, 7] -> "2-4, 7"."""
+    parts: list[str] = []
+    for x in numbers:
+        if parts and parts[-1][1] == x - 1:
+            parts[-1][1] = x
+        else:
+            parts.append([x, x])  # type: ignore[arg-type]
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
+
+
 def _check_unique_turns(seq: Sequence, where: str) -> None:
     seen: set[str] = set()
     for t in seq.turns():
@@ -252,11 +351,12 @@ def _log_issues(path: Path, issues: list[EvidenceIssue]) -> None:
 
 def load_longmemeval(path: str | Path, source: str = "longmemeval_s") -> LoadResult:
     path = Path(path)
-    data = _read_json(path)
+    data = _read_json(path, "longmemeval")
     if not isinstance(data, list):
         raise RecordError(f"{path}: top level must be a list of questions, got {type(data).__name__}")
     out = LoadResult()
     for n, q in enumerate(data):
+        _check_kind(path, q, "longmemeval", n)
         qid = _need(q, "question_id", str, f"{path} record #{n}", "question_id")
         where = f"{path} question {qid}"
         seq_id = f"{source}/{qid}"
@@ -339,7 +439,18 @@ def load_generic_jsonl(path: str | Path, source: str | None = None) -> LoadResul
     """One JSON object per line: Sequence fields + optional `qa` (list of GenericQa)."""
     path = Path(path)
     out = LoadResult()
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    text = _read_text(path)
+    if text.lstrip().startswith("["):
+        try:
+            first = json.loads(text)[0]
+        except (json.JSONDecodeError, IndexError, KeyError, TypeError):
+            first = None
+        other = looks_like(first)
+        raise RecordError(
+            f"{path}: is one JSON list, not JSON Lines (one object per line)"
+            + (f"; it looks like a {other} file: set this source's kind to '{other}'" if other else "")
+        )
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -399,9 +510,12 @@ def load_generic_jsonl(path: str | Path, source: str | None = None) -> LoadResul
 LOADERS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "jsonl": load_generic_jsonl}
 
 
-def load_source(kind: str, path: str | Path, name: str | None = None) -> LoadResult:
+def load_source(
+    kind: str, path: str | Path, name: str | None = None, allow_session_gaps: bool = False
+) -> LoadResult:
     if kind not in LOADERS:
         raise ValueError(f"unknown source kind {kind!r} (known: {sorted(LOADERS)})")
-    if name:
-        return LOADERS[kind](path, name)
-    return LOADERS[kind](path)
+    args: list[Any] = [path] + ([name] if name else [])
+    if kind == "locomo":
+        return load_locomo(*args, allow_session_gaps=allow_session_gaps)
+    return LOADERS[kind](*args)

@@ -2,12 +2,17 @@
 
 Columns as in the report: windows, chunks, recall probes, traps, ORM questions and gold-fact
 citations (the number of (question, gold fact) pairs, i.e. how many chunk attributions the ORM can
-credit), plus sequences, facts and evaluation items for context.
+credit), plus sequences, facts and evaluation items for context, and two health columns:
+- annotation failures: failed / attempted annotation calls (PRM per chunk, ORM per window), "-" when
+  no annotation pass ran (the build refuses below `annotator.min_success_rate`);
+- evidence issues: benchmark evidence ids that are unresolved / recovered (read despite a malformed
+  form) / empty (an item with no evidence), from evidence_issues.jsonl.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from data_pipeline.schema import Chunk, EvalItem, Fact, OrmQuestion, Probe, Sequence, Window
@@ -23,6 +28,8 @@ COLUMNS = (
     ("num_gold_fact_citations", "gold-fact citations"),
     ("num_facts", "facts"),
     ("num_eval_items", "eval items"),
+    ("annotation_failures", "annotation failures"),
+    ("evidence_issues", "evidence issues (unresolved/recovered/empty)"),
 )
 
 
@@ -38,6 +45,21 @@ class Stats:
     num_gold_fact_citations: int  # sum over ORM questions of their gold facts
     num_facts: int
     num_eval_items: int
+    num_annotation_calls: int = 0  # annotation calls attempted (chunks + windows); 0 = no annotation pass
+    num_annotation_failures: int = 0  # of those, still failed after retries (annotation_failures.jsonl)
+    num_evidence_unresolved: int = 0  # evidence ids resolving to no turn / session, or naming none
+    num_evidence_recovered: int = 0  # malformed evidence strings whose ids were all recovered
+    num_evidence_empty: int = 0  # eval items with an empty evidence list
+
+    @property
+    def annotation_failures(self) -> str:
+        if not self.num_annotation_calls:
+            return "-"
+        return f"{self.num_annotation_failures}/{self.num_annotation_calls}"
+
+    @property
+    def evidence_issues(self) -> str:
+        return f"{self.num_evidence_unresolved}/{self.num_evidence_recovered}/{self.num_evidence_empty}"
 
 
 def compute(
@@ -49,7 +71,11 @@ def compute(
     probes: list[Probe],
     questions: list[OrmQuestion],
     eval_items: list[EvalItem],
+    num_annotation_calls: int = 0,
+    num_annotation_failures: int = 0,
+    evidence_statuses: Iterable[str] = (),
 ) -> Stats:
+    statuses = list(evidence_statuses)
     return Stats(
         profile=profile,
         num_sequences=len(sequences),
@@ -61,6 +87,11 @@ def compute(
         num_gold_fact_citations=sum(len(q.gold_facts) for q in questions),
         num_facts=len(facts),
         num_eval_items=len(eval_items),
+        num_annotation_calls=num_annotation_calls,
+        num_annotation_failures=num_annotation_failures,
+        num_evidence_unresolved=statuses.count("unresolved"),
+        num_evidence_recovered=statuses.count("recovered"),
+        num_evidence_empty=statuses.count("empty"),
     )
 
 

@@ -7,7 +7,14 @@ Layout of a built dataset directory:
     <dir>/stats.json, stats.md   the report's statistics table (written by stats.py)
 
 Nothing half-written (STYLE.md 10): everything is written into a sibling temp directory that is
-renamed over the target only when complete; a crash leaves the previous version (or nothing).
+renamed over the target only when complete, `manifest.json` last; a crash leaves the previous version
+(or nothing). A build of several profiles (data_pipeline/build.py) stages them all first, then holds
+`<out_dir>/BUILD_INCOMPLETE` while it renames them into place and writes `<out_dir>/build.json` last:
+`read_manifest` (so `read_table` and `BuiltDataset`) refuses a profile while that marker exists or
+when its manifest's `config.build_id` is not the one `build.json` names (mixed versions).
+
+Permissions: directories 0755 and files 0644, less the process umask (as `mkdir` / `open` do), so
+other users of a shared cluster can read a built dataset; `mkdtemp` / `mkstemp` alone give 0700 / 0600.
 """
 
 from __future__ import annotations
@@ -27,6 +34,26 @@ from data_pipeline.schema import FEATURES, RECORD_TYPES, SCHEMA_VERSION, Manifes
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
+BUILD_INCOMPLETE = "BUILD_INCOMPLETE"  # <out_dir>/ marker: a build is renaming profiles into place
+BUILD_MANIFEST = "build.json"  # <out_dir>/ top-level manifest, written last: build id + its profiles
+
+
+def _umask() -> int:
+    """The process umask, without changing it (Linux: /proc; elsewhere a set-and-restore)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def shared_mode(path: str | Path, directory: bool) -> None:
+    """chmod to what `mkdir` / `open` would give (0755 / 0644 less the umask), not mkdtemp's 0700."""
+    os.chmod(path, (0o755 if directory else 0o644) & ~_umask())
 
 
 def atomic_dir(target: str | Path, fill: Callable[[Path], None]) -> Path:
@@ -35,18 +62,26 @@ def atomic_dir(target: str | Path, fill: Callable[[Path], None]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
+        shared_mode(tmp, directory=True)
         fill(tmp)
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def replace_dir(src: str | Path, target: str | Path) -> None:
+    """Rename the complete directory `src` onto `target`, replacing (then deleting) an older version."""
+    src, target = Path(src), Path(target)
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(src, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -56,6 +91,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        shared_mode(tmp, directory=False)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -92,10 +128,11 @@ def write_dataset(
             ds = _table_dataset(name, rows)
             # num_shards=1: an empty table saved with 0 shards cannot be loaded back (datasets 5.2)
             ds.save_to_disk(str(tmp / name), num_shards=1 if len(ds) == 0 else None)
-        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
         for rel, text in (extra_files or {}).items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_text(text)
+        # last: a directory with a manifest is complete
+        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
 
     out = atomic_dir(target, fill)
     log.info("wrote dataset %s: %s", out, manifest.counts)
@@ -109,7 +146,30 @@ def read_manifest(root: str | Path) -> Manifest:
     m = Manifest.from_dict(json.loads(path.read_text()), where=str(path))
     if m.schema_version != SCHEMA_VERSION:
         raise RecordError(f"{path}: schema_version {m.schema_version}, this code reads {SCHEMA_VERSION}")
+    check_build_complete(root, m)
     return m
+
+
+def check_build_complete(root: str | Path, manifest: Manifest) -> None:
+    """Refuse a profile directory whose build did not finish or that mixes two builds (see top)."""
+    root = Path(root)
+    out_dir = root.resolve().parent
+    marker = out_dir / BUILD_INCOMPLETE
+    if marker.exists():
+        raise RecordError(
+            f"{root}: the data build of {out_dir} did not finish ({marker} exists: {marker.read_text().strip()}); "
+            "its profiles may mix two builds: rerun the build (or wait for the running one)"
+        )
+    top = out_dir / BUILD_MANIFEST
+    build_id = manifest.config.get("build_id")
+    if top.exists() and build_id is not None:
+        built = json.loads(top.read_text())
+        want = built.get("profiles", {}).get(root.resolve().name)
+        if want is not None and want != build_id:
+            raise RecordError(
+                f"{root}: built by build {build_id}, but {top} names build {want} for it: "
+                "the output mixes two builds; rerun the build"
+            )
 
 
 def read_table(root: str | Path, table: str) -> list[Any]:

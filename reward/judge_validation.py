@@ -256,7 +256,7 @@ def validation_files(
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m data_pipeline.build` with the reward judge passed in (same arguments, same outputs)."""
-    return build_main(argv, judge_validator=validation_files)
+    return build_main(argv, judge_validator=validation_files, prog="python -m reward.judge_validation")
 
 
 if __name__ == "__main__":

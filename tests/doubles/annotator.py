@@ -5,7 +5,8 @@
 
 `annotator_responder(override)` gives well-formed PRM / ORM answers derived from each request's
 payload; `override(pass, payload, attempt)` injects malformed answers (str / dict) or HTTP errors
-(int) for the calls a test picks. Facts carry "CANARY-" markers so leak tests can look for them in
+(int / HttpFailure) for the calls a test picks; `failing_override(mode)` fails every call the way a
+misconfigured server does. Facts carry "CANARY-" markers so leak tests can look for them in
 everything the bank, retrieval query and answer model see.
 """
 
@@ -82,7 +83,30 @@ def annotator_responder(
         if override is not None:
             out = override(which, payload, attempt)
             if out is not None:
-                return out if isinstance(out, str | int) else json.dumps(out)
+                return json.dumps(out) if isinstance(out, dict | list) else out  # str, int or HttpFailure
         return json.dumps(good_prm(payload) if which == "prm" else good_orm(payload))
 
     return respond
+
+
+# vLLM's answer to a prompt longer than --max-model-len (HTTP 400, not retried by the openai client)
+CONTEXT_TOO_LONG = (
+    '{"object": "error", "message": "This model\'s maximum context length is 2048 tokens. However, you '
+    'requested 4301 tokens (205 in the messages, 4096 in the completion).", "type": "BadRequestError", '
+    '"code": 400}'
+)
+
+
+def failing_override(mode: str) -> Callable[[str, dict[str, Any], int], Any]:
+    """An `annotator_responder` override that fails every call the way a misconfigured server does.
+
+    "context": HTTP 400 context-length error (a server started with too small a --max-model-len);
+    "json": prose instead of JSON (a server without structured output, use_json_schema ignored).
+    """
+    from tests.doubles.openai_server import HttpFailure
+
+    if mode == "context":
+        return lambda which, payload, attempt: HttpFailure(400, body=CONTEXT_TOO_LONG)
+    if mode == "json":
+        return lambda which, payload, attempt: "Sure! Here are the facts you asked for: ..."
+    raise ValueError(f"unknown failure mode {mode!r} (context | json)")

@@ -36,6 +36,7 @@ def test_there_are_experiments():
     # one overlay per ablation the report lists as not done (reward knobs; DESIGN.md section 1)
     assert {f"ablation_{a}" for a in ("window_level_grpo", "broadcast_orm", "no_traps", "no_growth_penalty",
                                       "binary_reward")} <= names  # fmt: skip
+    assert "ablation_one_vote_loss" in names  # the loss's sequence unit (issue 18 section 3)
 
 
 def test_full_size_harness_mix_and_bounds():
@@ -119,6 +120,15 @@ def test_ablation_overlays_flip_one_knob():
         assert getattr(sc, knob) == value != getattr(base, knob)
         others = {k: v for k, v in vars(sc).items() if k != knob}
         assert others == {k: v for k, v in vars(base).items() if k != knob}, name
+
+
+def test_one_vote_loss_overlay_flips_only_the_sequence_unit():
+    base = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig)
+    abl = to_typed(compose("rl", ["+exp=ablation_one_vote_loss"]), RlConfig)
+    assert (base.trainer.loss.sequence_unit, abl.trainer.loss.sequence_unit) == ("segment", "chunk")
+    abl.trainer.loss.sequence_unit = "segment"
+    abl.run = base.run  # the run's name and output_dir follow the overlay's name
+    assert abl == base
 
 
 def test_full_size_recipe_numbers():

@@ -138,3 +138,12 @@ def test_full_size_recipe_numbers():
     assert opd.engine.kind == "vllm" and opd.engine.max_model_len >= 28_672 + 4_096
     rl = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig)
     assert (rl.rl.num_windows_per_step, rl.rl.num_rollouts_per_window) == (64, 8)
+    # context budgets per call (issue 18 section 2): 28,672 prompt + 4,096 response, every harness
+    for stage in (opd, rl):
+        assert (stage.gateway.max_prompt_tokens, stage.gateway.max_response_tokens) == (28_672, 4_096)
+        assert stage.gateway.prompt_over_cap == "drop_chunk"
+        assert stage.harnesses["mem0"].options["max_tokens"] == 4_096
+        assert stage.harnesses["memoryos"].options["max_tokens"] == 4_096
+        assert {
+            stage.harnesses[h].options["agent_max_tokens"] for h in stage.harnesses if h.startswith("hy_")
+        } == {4_096}

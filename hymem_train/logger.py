@@ -1,5 +1,9 @@
 """Run observability: namespaced metrics to wandb (offline by default) and to `metrics.jsonl` in the
-run directory, a per-step time breakdown, and PNG plots of the main curves (STYLE.md 9)."""
+run directory, a per-step time breakdown, and PNG plots of the main curves (STYLE.md 9).
+
+wandb run identity: a new run gets a fresh id (`<run name>-<8 hex>`), recorded in
+`<run dir>/wandb_run_id`; only a resumed stage reuses the recorded id (`resume="allow"`), so a re-run
+under the same name never merges into the old run's charts."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -20,6 +25,8 @@ log = logging.getLogger(__name__)
 # the metrics of the one console line per logged step (the full set is in metrics.jsonl and wandb)
 CONSOLE_KEYS = (
     "train/loss",
+    "train/clipfrac",
+    "train/grad_norm",
     "distill/reverse_kl_topk",
     "reward/s",
     "eval/",
@@ -49,21 +56,48 @@ class StepTimer:
         return out
 
 
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(run_dir: Path, run_name: str, resume: bool) -> tuple[str, bool]:
+    """(id, resumes): the id recorded in the run directory when `resume` and there is one; else a
+    fresh id, recorded for a later resume."""
+    path = run_dir / WANDB_ID_FILE
+    if resume and path.exists() and (old := path.read_text().strip()):
+        return old, True
+    new = f"{run_name.replace('/', '_')}-{secrets.token_hex(4)}"
+    path.write_text(new + "\n")
+    return new, False
+
+
 class MetricsLogger:
-    def __init__(self, cfg: LoggingConfig, run_dir: str | Path, run_name: str, config: dict | None = None):
+    def __init__(
+        self,
+        cfg: LoggingConfig,
+        run_dir: str | Path,
+        run_name: str,
+        config: dict | None = None,
+        *,
+        resume: bool = False,
+    ):
+        """`config`: the run's resolved config (wandb's run config); `resume`: the stage resumed from
+        a checkpoint, so the wandb run recorded in the run directory continues."""
         self.cfg = cfg
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         self._wandb = None
+        self.wandb_id = ""
         if cfg.wandb_mode != "disabled":
+            self.wandb_id, resumes = wandb_run_id(self.dir, run_name, resume)
             try:
                 import wandb
 
                 os.environ.setdefault("WANDB_SILENT", "true")
                 self._wandb = wandb.init(
                     project=cfg.project, entity=cfg.entity or None, name=run_name, dir=str(self.dir),
-                    mode=cfg.wandb_mode, config=config or {}, resume="allow", id=run_name.replace("/", "_"),
+                    mode=cfg.wandb_mode, config=config or {}, id=self.wandb_id,
+                    resume="allow" if resumes else None,
                 )  # fmt: skip
             except Exception as e:  # logging must never kill a training run
                 log.warning("wandb unavailable (%s); metrics go to %s only", e, self.path)

@@ -37,6 +37,8 @@ CURVES = [
     "reward/pen",
     "eval/s",
     "train/clipfrac",
+    "train/clipfrac_low",
+    "train/clipfrac_high",
     "reward/zero_advantage_share",
 ]
 
@@ -68,7 +70,7 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
             with timer("reward"):
                 scored = reward.score_groups([g.reward_group(stage.dataset) for g in groups])
             # 3. train items: every call of chunk t of rollout i gets A[i, t]
-            items = advantage_items(groups, scored)
+            items = advantage_items(groups, scored, cfg.trainer.loss.sequence_unit)
             # 4. the rollout with the highest sum of chunk scores carries the bank on (report); a window
             #    with no valid rollout is retried next step from the same parent
             for g, res in zip(groups, scored, strict=True):

@@ -49,7 +49,8 @@ class StageConfig:
 
     def validate(self) -> None:
         self.model.validate(), self.engine.validate(), self.trainer.validate(), self.rollout.validate()
-        self.cluster.validate(), self.logging.validate()
+        self.cluster.validate(), self.logging.validate(), self.gateway.validate()
+        self.gateway.check_fits(self.engine.max_model_len)
         if not self.harnesses:
             raise ValueError("harnesses: declare at least one harness configuration")
         for name, h in self.harnesses.items():
@@ -97,7 +98,8 @@ class ServeConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
-        self.model.validate(), self.engine.validate(), self.logging.validate()
+        self.model.validate(), self.engine.validate(), self.logging.validate(), self.gateway.validate()
+        self.gateway.check_fits(self.engine.max_model_len)
 
 
 @dataclass

@@ -81,7 +81,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     from hymem_train.engines import build_engine
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway
-    from hymem_train.models.loading import load_model, load_tokenizer_for
+    from hymem_train.models.loading import load_model, load_tokenizer_for, require_local_dir
     from hymem_train.rollout.collector import RolloutCollector
     from hymem_train.rollout.harness_factory import BankReaderFactory
     from hymem_train.rollout.lineage import BankLineage
@@ -93,6 +93,8 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = load_tokenizer_for(cfg.model)
+    if cfg.init_checkpoint:
+        require_local_dir(cfg.init_checkpoint, "init_checkpoint")
     model_cfg = dataclasses.replace(cfg.model, path=cfg.init_checkpoint or cfg.model.path)
     # the trainer's model and the engine's are separate copies: weights reach the engine only
     # through the bucketed weight sync, as they do across machines
@@ -139,7 +141,9 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
         stage.collector = RolloutCollector(
             pool, stage.dataset, lineage, run_dir, keep_rollout_dirs=cfg.rollout.keep_rollout_dirs
         )
-        stage.logger = MetricsLogger(cfg.logging, run_dir, cfg.run.name)
+        stage.logger = MetricsLogger(
+            cfg.logging, run_dir, cfg.run.name, config=dataclasses.asdict(cfg), resume=start_step > 0
+        )
         stage.callbacks = Callbacks([BankSizeLog(run_dir), GatewayCounterDeltas(stage.gateway)])
     # collective (ZeRO-3 gathers every shard): every rank, not only the one that owns the engine
     trainer.sync_weights(stage.sync_receivers, version=start_step)

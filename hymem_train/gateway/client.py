@@ -45,6 +45,11 @@ class GatewayAdmin:
         r = self._http.get(f"{self.url}/admin/segments/{trajectory_id}", params={"drain": "true"})
         return [Segment.from_dict(d) for d in self._check(r, f"segments {trajectory_id}")["segments"]]
 
+    def drain_dropped(self, trajectory_id: str) -> list[dict]:
+        """The trajectory's calls the gateway refused as over the prompt cap (`drop_chunk`)."""
+        r = self._http.get(f"{self.url}/admin/trajectories/{trajectory_id}/dropped")
+        return self._check(r, f"dropped {trajectory_id}")["dropped"]
+
     def unregister(self, trajectory_id: str) -> None:
         self._check(
             self._http.delete(f"{self.url}/admin/trajectories/{trajectory_id}"), f"unregister {trajectory_id}"

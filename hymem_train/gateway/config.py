@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+OVER_CAP_ACTIONS = ("drop_chunk", "truncate_left")
+
 
 @dataclass
 class GatewayConfig:
@@ -17,3 +19,31 @@ class GatewayConfig:
     admin_token: str = ""  # required in X-Admin-Token for /admin/*; empty = a random one per process
     frozen: bool = False  # a frozen model (reader / judge / teacher): any key, no identity, no segments
     seed: int = 0  # run seed mixed into per-call sampling seeds (requests without their own seed)
+    # context budgets per LLM call (report: 28,672 prompt + 4,096 response tokens); 0 = off, then
+    # only prompt + max_tokens <= engine.max_model_len is enforced
+    max_prompt_tokens: int = 0  # prompt cap; a prompt over it is counted (gateway/prompt_over_cap) and logged
+    max_response_tokens: int = 0  # response budget: a request's max_tokens is clamped to it (counted)
+    # what a prompt over the cap gets: "drop_chunk" (refused, HTTP 400 prompt_over_cap; the rollout
+    # ends as a platform_error, docs/glossary.md) or "truncate_left" (its oldest tokens are cut)
+    prompt_over_cap: str = "drop_chunk"
+
+    def validate(self) -> None:
+        if self.max_prompt_tokens < 0 or self.max_response_tokens < 0:
+            raise ValueError(
+                f"gateway.max_prompt_tokens={self.max_prompt_tokens}, gateway.max_response_tokens="
+                f"{self.max_response_tokens}: must be >= 0 (0 = off)"
+            )
+        if self.prompt_over_cap not in OVER_CAP_ACTIONS:
+            raise ValueError(
+                f"gateway.prompt_over_cap={self.prompt_over_cap!r}: want one of {OVER_CAP_ACTIONS}"
+            )
+
+    def check_fits(self, max_model_len: int) -> None:
+        """The two budgets must fit the engine's context together."""
+        if self.max_prompt_tokens and self.max_response_tokens:
+            total = self.max_prompt_tokens + self.max_response_tokens
+            if total > max_model_len:
+                raise ValueError(
+                    f"gateway.max_prompt_tokens {self.max_prompt_tokens} + gateway.max_response_tokens "
+                    f"{self.max_response_tokens} = {total} exceed engine.max_model_len {max_model_len}"
+                )

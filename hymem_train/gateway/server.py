@@ -5,6 +5,13 @@ Every harness LLM call comes through here: the gateway checks the caller's traje
 and records a Segment with the exact token ids in and out (token-in/token-out: nothing is ever
 re-tokenized), raw logprobs, routed experts and finish reason, tagged with the chunk index the
 rollout declared (silent failure 3). Bad requests get OpenAI-style errors and are never recorded.
+
+Context budgets (`GatewayConfig.max_prompt_tokens` / `max_response_tokens`, report: 28,672 +
+4,096): a request's max_tokens is clamped to the response budget (counted); a prompt over the cap
+is counted (`gateway/prompt_over_cap`), logged with its trajectory and chunk, and either refused
+(`drop_chunk`: HTTP 400 `prompt_over_cap`, and the rollout worker collects the event and ends the
+rollout as a platform_error, docs/glossary.md) or cut to its last `max_prompt_tokens` tokens
+(`truncate_left`: the segment records the ids the engine saw, `meta["prompt_truncated_tokens"]`).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -92,7 +100,11 @@ class Gateway:
             embedder = MiniLMEmbedder()
         self.embedder = embedder
         self.counters = {"requests_ok": 0, "bad_request": 0, "engine_error": 0, "prompt_tokens": 0,
-                         "completion_tokens": 0, "embedding_requests": 0}  # fmt: skip
+                         "completion_tokens": 0, "embedding_requests": 0, "prompt_over_cap": 0,
+                         "prompt_truncated_tokens": 0, "max_tokens_clamped": 0}  # fmt: skip
+        # trajectory -> the calls refused by `prompt_over_cap: drop_chunk` (the worker drains them)
+        self.dropped: dict[str, list[dict[str, int]]] = {}
+        self._dropped_lock = threading.Lock()
         self.app = self._build_app()
 
     # ---- in-process control (rollout workers in the same process use these directly) ----------
@@ -101,6 +113,11 @@ class Gateway:
 
     def set_chunk(self, trajectory_id: str, chunk_index: int) -> None:
         self.registry.set_chunk(trajectory_id, chunk_index)
+
+    def drain_dropped(self, trajectory_id: str) -> list[dict[str, int]]:
+        """The trajectory's calls refused as over the prompt cap (`drop_chunk`), and forget them."""
+        with self._dropped_lock:
+            return self.dropped.pop(trajectory_id, [])
 
     def metrics(self) -> dict[str, float]:
         m = {f"gateway/{k}": float(v) for k, v in self.counters.items()}
@@ -188,7 +205,13 @@ class Gateway:
         async def unregister(trajectory_id: str, request: Request):
             _admin(request)
             self.registry.unregister(trajectory_id)
+            self.drain_dropped(trajectory_id)
             return {"ok": True}
+
+        @app.get("/admin/trajectories/{trajectory_id}/dropped")
+        async def dropped(trajectory_id: str, request: Request):
+            _admin(request)
+            return {"dropped": self.drain_dropped(trajectory_id)}
 
         @app.get("/admin/segments/{trajectory_id}")
         async def segments(trajectory_id: str, request: Request, drain: bool = False):
@@ -274,7 +297,7 @@ class Gateway:
             raise IdentityMismatch(
                 f"request claims chunk {claimed_chunk!r}, trajectory {ident.trajectory_id!r} is on chunk {chunk_index}"
             )
-        prompt_ids, sp = self._prompt(body)
+        prompt_ids, sp, n_cut = self._prompt(body, ident.trajectory_id, chunk_index)
         if sp.seed is None:
             # a seed fixed by (run, trajectory, chunk, call): sampling does not depend on which other
             # requests shared the batch, so a resumed run re-samples exactly what the killed one did
@@ -294,6 +317,7 @@ class Gateway:
             prompt_ids=prompt_ids, response_ids=out.response_ids, logprobs=out.logprobs,
             finish_reason=out.finish_reason, routed_experts_TLK=out.routed_experts_TLE, bank_id=ident.bank_id,
             policy_version=self.engine.policy_version,
+            meta={"prompt_truncated_tokens": n_cut} if n_cut else {},
         )  # fmt: skip
         self.store.add(seg)
         self.counters["requests_ok"] += 1
@@ -303,20 +327,45 @@ class Gateway:
 
     async def _frozen_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """A frozen model serves evaluation calls (reader, judge): nothing to identify or record."""
-        prompt_ids, sp = self._prompt(body)
+        prompt_ids, sp, _ = self._prompt(body, "frozen", -1)
         out = await self.batcher.generate(prompt_ids, sp)
         self.counters["requests_ok"] += 1
         return self._completion(f"chatcmpl-frozen-{self.counters['requests_ok']}", prompt_ids, out)
 
-    def _prompt(self, body: dict[str, Any]) -> tuple[list[int], SamplingParams]:
-        """Validated request -> the exact prompt ids (chat template applied once, here) and sampling params."""
+    def _prompt(
+        self, body: dict[str, Any], trajectory_id: str, chunk_index: int
+    ) -> tuple[list[int], SamplingParams, int]:
+        """Validated request -> the exact prompt ids (chat template applied once, here), sampling
+        params within the context budgets, and how many prompt tokens `truncate_left` cut."""
         messages, sp = self._parse_chat(body)
         prompt_ids = list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                        return_dict=False))  # fmt: skip
+        budget = self.cfg.max_response_tokens
+        if budget and sp.max_tokens > budget:
+            self.counters["max_tokens_clamped"] += 1
+            sp.max_tokens = budget
+        n_cut = 0
+        cap = self.cfg.max_prompt_tokens
+        if cap and len(prompt_ids) > cap:
+            self.counters["prompt_over_cap"] += 1
+            action = self.cfg.prompt_over_cap
+            log.warning("gateway/prompt_over_cap: trajectory %s chunk %d: prompt of %d tokens > "
+                        "gateway.max_prompt_tokens %d (%s)", trajectory_id, chunk_index, len(prompt_ids), cap,
+                        action)  # fmt: skip
+            if action == "drop_chunk":
+                with self._dropped_lock:
+                    self.dropped.setdefault(trajectory_id, []).append(
+                        {"chunk_index": chunk_index, "prompt_tokens": len(prompt_ids)}
+                    )
+                raise ApiError(400, f"prompt is {len(prompt_ids)} tokens, over gateway.max_prompt_tokens {cap} "
+                               f"(gateway.prompt_over_cap=drop_chunk)", "prompt_over_cap")  # fmt: skip
+            n_cut = len(prompt_ids) - cap
+            self.counters["prompt_truncated_tokens"] += n_cut
+            prompt_ids = prompt_ids[n_cut:]
         if len(prompt_ids) + sp.max_tokens > self.engine.max_model_len:
             raise ApiError(400, f"prompt is {len(prompt_ids)} tokens; with max_tokens {sp.max_tokens} it exceeds "
                            f"the context of {self.engine.max_model_len}", "context_length_exceeded")  # fmt: skip
-        return prompt_ids, sp
+        return prompt_ids, sp, n_cut
 
     def _completion(self, cid: str, prompt_ids: list[int], out) -> dict[str, Any]:
         return {

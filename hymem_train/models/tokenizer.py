@@ -58,11 +58,19 @@ def train_tokenizer(corpus: Path = CORPUS_PATH, out_dir: Path = ASSET_DIR) -> Pr
     return fast
 
 
-def load_tokenizer(path: str | Path = ASSET_DIR) -> PreTrainedTokenizerFast:
-    """Load a tokenizer from a local directory (never the hub)."""
+def load_tokenizer(path: str | Path = ASSET_DIR, key: str = "") -> PreTrainedTokenizerFast:
+    """Load a tokenizer from a local directory (never the hub). `key`: the config key the path came
+    from, named in the error."""
     p = Path(path)
     if not (p / "tokenizer.json").exists():
-        raise FileNotFoundError(f"no tokenizer.json under {p} (run scripts/build_tokenizer.py)")
+        if p.resolve() == Path(ASSET_DIR).resolve():  # the shipped tokenizer is built, not downloaded
+            raise FileNotFoundError(f"no tokenizer.json under {p} (run scripts/build_tokenizer.py)")
+        where = f"{key}={str(path)!r}" if key else str(p)
+        what = "no such directory" if not p.is_dir() else "no tokenizer.json in it"
+        raise FileNotFoundError(
+            f"{where}: {what}. Point it at a local checkpoint directory that holds the tokenizer files "
+            "(tokenizer.json, tokenizer_config.json), or set model.tokenizer_path to one."
+        )
     return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
 
 

@@ -12,6 +12,10 @@ silent failure 7). A malformed policy output is a policy_error chunk: the rollou
 reward scores whatever the bank holds (silent failure 9). When a write needed retries, only the
 segments of the final attempt are kept: the discarded attempt's calls did not produce the bank the
 chunk is scored on.
+
+A call the gateway refused as over its prompt cap (`gateway.prompt_over_cap: drop_chunk`) ends the
+rollout as platform_error whatever the harness made of the refusal (docs/glossary.md: the context
+budget is a limit of the platform, not an action of the policy).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ M_SEGMENTS = "rollout/segments"  # LLM calls kept for training, sum
 M_DISCARDED = "rollout/discarded_segments"  # calls of retried (failed) write attempts, sum
 M_POLICY_ERRORS = "rollout/policy_error_chunks"  # chunks whose write was malformed policy output, sum
 M_PLATFORM_ERRORS = "rollout/platform_error_rollouts"  # rollouts ended by a persistent platform fault, sum
+M_OVER_CAP = (
+    "rollout/prompt_over_cap_rollouts"  # rollouts ended by a call over the prompt cap (drop_chunk), sum
+)
 M_WRITE_S = "perf/rollout_write_s"  # seconds spent in harness writes, sum
 
 
@@ -204,7 +211,22 @@ class RolloutWorker:
                 if callable(shutdown):
                     shutdown()
         segments = self.admin.drain_segments(tid)
+        dropped = self.admin.drain_dropped(tid)
         self.admin.unregister(tid)
+        if dropped:
+            first = min(d["chunk_index"] for d in dropped)
+            log.warning(
+                "rollout %s: %d call(s) over gateway.max_prompt_tokens (first at chunk %d, %d tokens): "
+                "platform_error (gateway.prompt_over_cap=drop_chunk)",
+                tid, len(dropped), first, max(d["prompt_tokens"] for d in dropped),
+            )  # fmt: skip
+            status = "platform_error"
+            snapshots = [
+                s
+                if s.chunk_index < first
+                else ChunkSnapshot(s.chunk_index, s.bank_dir, None, "platform_error")
+                for s in snapshots
+            ]
         kept, discarded = keep_final_attempts(segments, task.chunks, writes)
         record = RolloutRecord(
             trajectory_id=tid, chunks=snapshots, status=status, segment_chunks=[s.chunk_index for s in kept]
@@ -214,6 +236,7 @@ class RolloutWorker:
             M_DISCARDED: float(discarded),
             M_POLICY_ERRORS: float(sum(w.status is WriteStatus.POLICY_ERROR for w in writes)),
             M_PLATFORM_ERRORS: float(status == "platform_error"),
+            M_OVER_CAP: float(bool(dropped)),
             M_WRITE_S: t_write,
         }
         return RolloutResult(record, kept, [w.to_json() for w in writes], metrics)

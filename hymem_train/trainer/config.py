@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 OPD_FORMS = ("report", "tail")
 MASK_MODES = ("segments", "block_causal", "position_ids")
+SEQUENCE_UNITS = ("segment", "chunk")
 
 
 @dataclass
@@ -24,6 +25,9 @@ class LossConfig:
     block_rows: int = 4096  # chunked LM head tile: loss positions per row block
     block_vocab: int = 2048  # chunked LM head tile: vocab entries per block
     log_entropy: bool = False  # PPO/SFT: also compute the entropy (logging only, ~15% more loss-head time)
+    # PPO "sequence" of the seq-mean-token-mean: "segment" (one LLM call) or "chunk" (all calls of one
+    # chunk of one rollout: one vote of loss mass per chunk, as its advantage A[i, t] has one vote)
+    sequence_unit: str = "segment"
 
     def validate(self) -> None:
         if self.kind not in ("opd", "ppo", "sft"):
@@ -38,6 +42,10 @@ class LossConfig:
             raise ValueError(f"trainer.loss.dual_clip={self.dual_clip}: must be > 1 (or null)")
         if self.block_rows < 1 or self.block_vocab < 1:
             raise ValueError("trainer.loss.block_rows / trainer.loss.block_vocab must be >= 1")
+        if self.sequence_unit not in SEQUENCE_UNITS:
+            raise ValueError(
+                f"trainer.loss.sequence_unit={self.sequence_unit!r}: want one of {SEQUENCE_UNITS}"
+            )
 
 
 @dataclass
@@ -71,7 +79,12 @@ class TrainerConfig:
     precision: str = "auto"  # "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32"
     gradient_checkpointing: bool = True  # recompute decoder layers in backward
     routing_replay: bool = True  # force the rollout engine's experts in the training forward
-    seed: int = 0  # seeds torch / numpy / python RNGs on every rank
+    seed: int = 0  # seeds torch / numpy / python RNGs on every rank (and the mini-batch shuffle)
+    # PPO updates per rollout batch: num_ppo_epochs passes over the batch, each split into
+    # num_mini_batches optimizer steps (1/1: one step per batch, the ratio only measures the
+    # train/inference mismatch; more: later updates see the policy move, ratio != 1, the clip engages)
+    num_ppo_epochs: int = 1
+    num_mini_batches: int = 1
     loss: LossConfig = field(default_factory=LossConfig)  # which loss and its knobs
     packing: PackingConfig = field(default_factory=PackingConfig)  # micro-batch packing
 
@@ -82,5 +95,15 @@ class TrainerConfig:
             raise ValueError(f"trainer.zero_stage={self.zero_stage}: want 0-3")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"trainer.precision={self.precision!r}: want 'auto', 'bf16' or 'fp32'")
+        if self.num_ppo_epochs < 1 or self.num_mini_batches < 1:
+            raise ValueError(
+                f"trainer.num_ppo_epochs={self.num_ppo_epochs}, trainer.num_mini_batches="
+                f"{self.num_mini_batches}: both must be >= 1"
+            )
+        if self.loss.kind != "ppo" and self.num_ppo_epochs * self.num_mini_batches > 1:
+            raise ValueError(
+                f"trainer.num_ppo_epochs / trainer.num_mini_batches > 1 need trainer.loss.kind='ppo' "
+                f"(got {self.loss.kind!r}: one optimizer step per batch)"
+            )
         self.loss.validate()
         self.packing.validate()

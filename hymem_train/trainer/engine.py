@@ -117,6 +117,7 @@ class Trainer:
             self.routing = RoutingController.attach(model)
         self.device = self.engine.device
         self.step = 0
+        self.last_update_metrics: list[dict[str, float]] = []  # train_items: each optimizer update's
 
     # ---- one optimizer step ----------------------------------------------------------------------
     def _replay(self, mb: MicroBatch):
@@ -136,10 +137,19 @@ class Trainer:
                     mb.rollout_logp_N = self.engine(dev, logprobs_only=True).float().cpu()
         self.engine.train()
 
-    def train_step(self, micro_batches: list[MicroBatch]) -> dict[str, float]:
-        """Forward/backward every micro-batch of this rank, one optimizer step; metrics reduced over ranks."""
+    def train_step(
+        self, micro_batches: list[MicroBatch], *, old_logprobs_ready: bool = False
+    ) -> dict[str, float]:
+        """Forward/backward every micro-batch of this rank, one optimizer step; metrics reduced over ranks.
+
+        `old_logprobs_ready`: the items already carry the pre-update policy's log-probs (several PPO
+        updates per batch with `ratio_source: recompute`, see `train_items`)."""
         t0 = time.perf_counter()
-        if self.cfg.loss.kind == "ppo" and self.cfg.loss.ratio_source == "recompute":
+        if (
+            self.cfg.loss.kind == "ppo"
+            and self.cfg.loss.ratio_source == "recompute"
+            and not old_logprobs_ready
+        ):
             self.recompute_old_logprobs(micro_batches)
         self.engine.train()
         sums: dict[str, torch.Tensor] = {}
@@ -171,12 +181,60 @@ class Trainer:
         return self._metrics(tot, grad_norm, time.perf_counter() - t0)
 
     def train_items(self, items: list, loss_kind: str) -> dict[str, float]:
-        """Collective: pack the step's items over every rank (each gets the same number of
-        micro-batches) and train on this rank's share."""
+        """Collective: one rollout batch -> its optimizer updates. Each update packs its items over
+        every rank (each gets the same number of micro-batches) and trains on this rank's share.
+
+        PPO with `num_ppo_epochs` x `num_mini_batches` > 1: `plan_updates` splits the batch by whole
+        sequences and reshuffles per epoch; the ratio is taken against the rollout engine's
+        log-probs (`ratio_source: rollout`) or against the policy before the batch's first update
+        (`recompute`, computed once here). Metrics: the mean over updates (`perf/step_seconds`: the
+        sum), `train/num_updates`; each update's own in `self.last_update_metrics`."""
+        from hymem_train.trainer.packing import plan_step, plan_updates
+
+        cfg = self.cfg
+        n_updates = cfg.num_ppo_epochs * cfg.num_mini_batches if loss_kind == "ppo" else 1
+        if n_updates == 1:
+            per_rank = plan_step(items, cfg.packing, loss_kind, self.world_size)
+            self.last_update_metrics = [self.train_step(per_rank[self.rank])]
+            return self.last_update_metrics[0]
+        ready = cfg.loss.ratio_source == "recompute"
+        if ready:
+            items = self._with_old_logprobs(items, loss_kind)
+        updates = plan_updates(items, cfg.num_ppo_epochs, cfg.num_mini_batches, seed=cfg.seed + self.step)
+        ms = []
+        for u in updates:
+            per_rank = plan_step(u, cfg.packing, loss_kind, self.world_size)
+            ms.append(self.train_step(per_rank[self.rank], old_logprobs_ready=ready))
+        self.last_update_metrics = ms
+        out = {k: sum(m[k] for m in ms if k in m) / sum(k in m for m in ms) for k in ms[-1]}
+        out["perf/step_seconds"] = sum(m["perf/step_seconds"] for m in ms)
+        out["train/num_updates"] = float(len(ms))
+        return out
+
+    def _with_old_logprobs(self, items: list, loss_kind: str) -> list:
+        """Collective: copies of `items` whose segments carry the current (pre-update) policy's
+        log-probs of their response tokens, computed once for the whole batch."""
+        import dataclasses
+
         from hymem_train.trainer.packing import plan_step
 
-        per_rank = plan_step(items, self.cfg.packing, loss_kind, self.world_size)
-        return self.train_step(per_rank[self.rank])
+        mbs = plan_step(items, self.cfg.packing, loss_kind, self.world_size)[self.rank]
+        self.recompute_old_logprobs(mbs)
+        by_key: dict[str, list[float]] = {}
+        lengths = {it.key: len(it.segment.response_ids) for it in items}
+        for mb in mbs:
+            off = 0
+            for key in mb.item_keys:
+                by_key[key] = mb.rollout_logp_N[off : off + lengths[key]].tolist()
+                off += lengths[key]
+        if self.world_size > 1:
+            parts: list = [None] * self.world_size
+            torch.distributed.all_gather_object(parts, by_key)
+            by_key = {k: v for p in parts for k, v in p.items()}
+        return [
+            dataclasses.replace(it, segment=dataclasses.replace(it.segment, logprobs=by_key[it.key]))
+            for it in items
+        ]
 
     def broadcast(self, obj):
         """Collective: rank 0's picklable `obj` on every rank (a no-op on one rank)."""
@@ -247,6 +305,8 @@ class Trainer:
         else:
             if self.cfg.loss.kind == "ppo":
                 m["train/clipfrac"] = tot["train/clipped_sum"] / n
+                m["train/clipfrac_low"] = tot["train/clipped_low_sum"] / n  # A < 0, r < 1 - clip_low
+                m["train/clipfrac_high"] = tot["train/clipped_high_sum"] / n  # A > 0, r > 1 + clip_high
                 m["train/ratio_mean"] = tot["train/ratio_sum"] / n
             if self.cfg.loss.log_entropy:
                 m["train/entropy"] = tot["train/entropy_sum"] / n

@@ -13,9 +13,18 @@ import numpy as np
 from hymem_train.segments import Segment
 from hymem_train.trainer.packing import TrainItem
 
+SEQUENCES = ("segment", "chunk", "trajectory")
+
 
 def _key(s: Segment) -> str:
     return f"{s.trajectory_id}/{s.chunk_index}/{s.call_index}"
+
+
+def _sequence_id(s: Segment, sequence: str) -> str:
+    """The RL aggregation group of a segment ("" = the segment itself, packing's default)."""
+    if sequence == "chunk":
+        return f"{s.trajectory_id}/{s.chunk_index}"
+    return s.trajectory_id if sequence == "trajectory" else ""
 
 
 def opd_items(segments: Sequence[Segment], teacher_topk: Sequence) -> list[TrainItem]:
@@ -57,11 +66,13 @@ def rl_items(
     of chunk t of rollout i shares A[i, t]).
 
     `sequence` picks the aggregation unit of "mean over tokens within each sequence": "segment"
-    (one LLM call) or "trajectory" (all calls of one rollout). A segment whose (trajectory, chunk)
-    has no advantage raises (silent failure 3: never broadcast one score).
+    (one LLM call; `trainer.loss.sequence_unit: segment`), "chunk" (all calls of chunk t of one
+    rollout: one vote per chunk, as A[i, t] has one vote; `sequence_unit: chunk`) or "trajectory"
+    (all calls of one rollout). A segment whose (trajectory, chunk) has no advantage raises (silent
+    failure 3: never broadcast one score).
     """
-    if sequence not in ("segment", "trajectory"):
-        raise ValueError(f"rl_items: sequence={sequence!r}, want 'segment' or 'trajectory'")
+    if sequence not in SEQUENCES:
+        raise ValueError(f"rl_items: sequence={sequence!r}, want one of {SEQUENCES}")
     out = []
     for s in segments:
         k = (s.trajectory_id, s.chunk_index)
@@ -71,7 +82,7 @@ def rl_items(
             TrainItem(
                 segment=s,
                 advantage=float(advantages[k]),
-                sequence_id=s.trajectory_id if sequence == "trajectory" else "",
+                sequence_id=_sequence_id(s, sequence),
             )
         )
     return out
@@ -87,11 +98,11 @@ def teacher_items(groups: Sequence, teacher, k: int) -> list[TrainItem]:
     return opd_items(segs, teacher.topk_logprobs([s.input_ids for s in segs], k))
 
 
-def advantage_items(groups: Sequence, scored: Sequence) -> list[TrainItem]:
+def advantage_items(groups: Sequence, scored: Sequence, sequence: str = "segment") -> list[TrainItem]:
     """RL: every segment of every usable rollout with its chunk's advantage A[i, t], from each
     window's `WindowRollouts` and its reward `GroupResult` (rows in rollout order). Platform-failed
     rollouts are excluded from training (silent failure 7); `rl_items` raises for a segment whose
-    chunk has no advantage (silent failure 3)."""
+    chunk has no advantage (silent failure 3). `sequence`: the loss's sequence unit (`rl_items`)."""
     adv: dict[tuple[str, int], float] = {}
     segs: list[Segment] = []
     for g, res in zip(groups, scored, strict=True):
@@ -99,4 +110,4 @@ def advantage_items(groups: Sequence, scored: Sequence) -> list[TrainItem]:
             for t, c in enumerate(res.chunk_indices):
                 adv[(r.record.trajectory_id, c)] = res.scores.adv_GC[i][t]
             segs += r.segments
-    return rl_items(segs, adv)
+    return rl_items(segs, adv, sequence)

@@ -94,6 +94,27 @@ def ppo_token_loss(
     return loss_N, clipped_N
 
 
+@torch.no_grad()
+def ppo_clip_sides(
+    logp_N: torch.Tensor,
+    old_logp_N: torch.Tensor,
+    advantage_N: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which side of the clip is active in `ppo_token_loss` per position: (low_N, high_N), bool.
+
+    low: A < 0 and r < 1 - clip_low (the lower bound takes the gradient away from a token the
+    update already made less likely); high: A > 0 and r > 1 + clip_high. Together they are exactly
+    `ppo_token_loss`'s clipped indicator (A = 0 clips nothing).
+    """
+    ratio_N = (logp_N - old_logp_N).exp()
+    low_N = (advantage_N < 0) & (ratio_N < 1.0 - clip_low)
+    high_N = (advantage_N > 0) & (ratio_N > 1.0 + clip_high)
+    return low_N, high_N
+
+
 def sft_token_loss(lse_N: torch.Tensor, target_logits_N: torch.Tensor) -> torch.Tensor:
     """Cross-entropy per position: `lse - z[target]`."""
     return lse_N - target_logits_N

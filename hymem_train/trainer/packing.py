@@ -125,6 +125,37 @@ def step_weights(items: list[TrainItem], loss_kind: str) -> list[np.ndarray]:
     return [np.full(c, w_of[it.sequence_id or it.key]) for it, c in zip(items, counts, strict=True)]
 
 
+def plan_updates(
+    items: list[TrainItem], num_ppo_epochs: int = 1, num_mini_batches: int = 1, seed: int = 0
+) -> list[list[TrainItem]]:
+    """The optimizer updates of one rollout batch, in order: `num_ppo_epochs` passes over the batch,
+    each a fresh shuffle split into `num_mini_batches` mini-batches. The split is by whole sequences
+    (the loss's sequence unit, `TrainItem.sequence_id`): a sequence's segments share one
+    mini-batch, so `plan_step` weighs it as one sequence of that mini-batch. 1 x 1 = `[items]`
+    (one optimizer step per batch). Every rank calls this with the same items and seed and gets the
+    same plan."""
+    if num_ppo_epochs < 1 or num_mini_batches < 1:
+        raise ValueError(
+            f"plan_updates: num_ppo_epochs={num_ppo_epochs}, num_mini_batches={num_mini_batches}"
+        )
+    if num_ppo_epochs == 1 and num_mini_batches == 1:
+        return [items]
+    groups: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault(it.sequence_id or it.key, []).append(i)
+    gids = list(groups)
+    if len(gids) < num_mini_batches:
+        raise ValueError(
+            f"plan_updates: {len(gids)} sequences cannot fill trainer.num_mini_batches={num_mini_batches}"
+        )
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(num_ppo_epochs):
+        for part in np.array_split(rng.permutation(len(gids)), num_mini_batches):
+            out.append([items[i] for i in sorted(i for g in part for i in groups[gids[g]])])
+    return out
+
+
 def _bins_first_fit_decreasing(lengths: list[int], capacity: int, max_count: int = 0) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []

@@ -17,6 +17,7 @@ from hymem_train.trainer.config import LossConfig
 from hymem_train.trainer.losses import (
     opd_support_stats,
     opd_token_loss,
+    ppo_clip_sides,
     ppo_token_loss,
     sft_token_loss,
 )
@@ -105,7 +106,12 @@ class PolicyLoss(nn.Module):
                     clip_high=cfg.clip_high,
                     dual_clip=cfg.dual_clip,
                 )
+                low_N, high_N = ppo_clip_sides(
+                    logp_N, mb.rollout_logp_N, mb.advantage_N, clip_low=cfg.clip_low, clip_high=cfg.clip_high
+                )
                 stats["train/clipped_sum"] = clipped_N.float().sum()
+                stats["train/clipped_low_sum"] = low_N.float().sum()
+                stats["train/clipped_high_sum"] = high_N.float().sum()
                 stats["train/ratio_sum"] = (logp_N.detach() - mb.rollout_logp_N).exp().sum()
             else:
                 loss_N = sft_token_loss(lse_N, zt_N1[:, 0])

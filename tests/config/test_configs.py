@@ -36,6 +36,7 @@ def test_there_are_experiments():
     # one overlay per ablation the report lists as not done (reward knobs; DESIGN.md section 1)
     assert {f"ablation_{a}" for a in ("window_level_grpo", "broadcast_orm", "no_traps", "no_growth_penalty",
                                       "binary_reward")} <= names  # fmt: skip
+    assert "ablation_one_vote_loss" in names  # the loss's sequence unit (issue 18 section 3)
 
 
 def test_full_size_harness_mix_and_bounds():
@@ -147,6 +148,15 @@ def test_run_seed_reaches_every_seed():
         assert (cfg.model.seed, cfg.engine.seed, cfg.gateway.seed, cfg.trainer.seed) == (5, 5, 5, 5)
 
 
+def test_one_vote_loss_overlay_flips_only_the_sequence_unit():
+    base = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig)
+    abl = to_typed(compose("rl", ["+exp=ablation_one_vote_loss"]), RlConfig)
+    assert (base.trainer.loss.sequence_unit, abl.trainer.loss.sequence_unit) == ("segment", "chunk")
+    abl.trainer.loss.sequence_unit = "segment"
+    abl.run = base.run  # the run's name and output_dir follow the overlay's name
+    assert abl == base
+
+
 def test_full_size_recipe_numbers():
     opd = to_typed(compose("opd", ["+exp=hy_memory_opd"]), OpdConfig)
     assert opd.opd.teacher_top_k == 50 and opd.opd.num_rollouts_per_row == 2
@@ -154,3 +164,12 @@ def test_full_size_recipe_numbers():
     assert opd.engine.kind == "vllm" and opd.engine.max_model_len >= 28_672 + 4_096
     rl = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig)
     assert (rl.rl.num_windows_per_step, rl.rl.num_rollouts_per_window) == (64, 8)
+    # context budgets per call (issue 18 section 2): 28,672 prompt + 4,096 response, every harness
+    for stage in (opd, rl):
+        assert (stage.gateway.max_prompt_tokens, stage.gateway.max_response_tokens) == (28_672, 4_096)
+        assert stage.gateway.prompt_over_cap == "drop_chunk"
+        assert stage.harnesses["mem0"].options["max_tokens"] == 4_096
+        assert stage.harnesses["memoryos"].options["max_tokens"] == 4_096
+        assert {
+            stage.harnesses[h].options["agent_max_tokens"] for h in stage.harnesses if h.startswith("hy_")
+        } == {4_096}

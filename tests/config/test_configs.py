@@ -120,6 +120,7 @@ ABLATION_KNOBS = {
     "binary_reward": "reward.scoring.score_mode",
     "sft_init": "init_checkpoint",
     "single_harness": "harnesses",
+    "one_vote_loss": "trainer.loss.sequence_unit",
 }
 
 
@@ -147,14 +148,6 @@ def test_run_seed_reaches_every_seed():
         cfg = to_typed(compose(primary, [f"+exp={exp}", "run.seed=5"]), schema)
         assert (cfg.model.seed, cfg.engine.seed, cfg.gateway.seed, cfg.trainer.seed) == (5, 5, 5, 5)
 
-
-def test_one_vote_loss_overlay_flips_only_the_sequence_unit():
-    base = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig)
-    abl = to_typed(compose("rl", ["+exp=ablation_one_vote_loss"]), RlConfig)
-    assert (base.trainer.loss.sequence_unit, abl.trainer.loss.sequence_unit) == ("segment", "chunk")
-    abl.trainer.loss.sequence_unit = "segment"
-    abl.run = base.run  # the run's name and output_dir follow the overlay's name
-    assert abl == base
 
 
 def test_full_size_recipe_numbers():

@@ -109,7 +109,8 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 
 class ShardedSafetensorsWriter:
-    """Writes a planned list of tensors into `model-XXXXX-of-YYYYY.safetensors` + the index.
+    """Writes a planned list of tensors into `model-XXXXX-of-YYYYY.safetensors` + the index (or one
+    `model.safetensors` when everything fits one shard).
 
     Each shard's header (names, dtypes, shapes, offsets) is known from the plan, so it is written first
     and each tensor's bytes are appended as it arrives: nothing is buffered. Tensors must arrive in plan
@@ -125,8 +126,8 @@ class ShardedSafetensorsWriter:
                 shards.append(_Shard(""))
             shards[-1].entries.append((name, shape, dtype))
             shards[-1].nbytes += nb
-        for i, s in enumerate(shards):
-            s.file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        for i, s in enumerate(shards):  # one shard: plain `model.safetensors`, no index (the HF convention)
+            s.file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
         self.shards = shards
         self._queue = [(si, e) for si, s in enumerate(shards) for e in s.entries]
         self._pos = 0
@@ -171,6 +172,8 @@ class ShardedSafetensorsWriter:
         if self._pos != len(self._queue):
             raise ValueError(f"export: {len(self._queue) - self._pos} planned tensors never arrived "
                              f"(first: {self._queue[self._pos][1][0]!r})")  # fmt: skip
+        if len(self.shards) == 1:
+            return
         index = {
             "metadata": {"total_size": self.total_bytes},
             "weight_map": {n: s.file for s in self.shards for n, _, _ in s.entries},

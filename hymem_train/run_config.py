@@ -46,7 +46,9 @@ class StageConfig:
     run: RunConfig = field(default_factory=RunConfig)
     num_steps: int = 100  # optimizer steps of this stage
     save_every: int = 10  # checkpoint (and held-out evaluation) every N steps, and at the end
-    init_checkpoint: str = ""  # HF checkpoint directory to start the policy from ("" = model config)
+    # the policy's start: an HF directory (<run>/final) or a DeepSpeed step checkpoint
+    # (<run>/checkpoints/step_N, architecture from that run's config.yaml); "" = model config
+    init_checkpoint: str = ""
 
     def validate(self) -> None:
         self.model.validate(), self.engine.validate(), self.trainer.validate(), self.rollout.validate()

@@ -117,7 +117,9 @@ def hf_config_for(model_cfg: Any, _depth: int = 0):
     parent, _ = run_model_source(step_dir_of(model_cfg.path), fallback=None)
     import dataclasses
 
-    return hf_config_for(dataclasses.replace(parent, attn_implementation=model_cfg.attn_implementation), _depth + 1)
+    return hf_config_for(
+        dataclasses.replace(parent, attn_implementation=model_cfg.attn_implementation), _depth + 1
+    )
 
 
 def _strip(name: str) -> str:

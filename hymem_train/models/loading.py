@@ -62,6 +62,8 @@ def load_step_checkpoint(cfg: ModelConfig):
         for name, target in expected.items():  # one consolidated parameter at a time
             src = weights.get(name)
             if tuple(src.shape) != tuple(target.shape):
-                raise ValueError(f"{cfg.path}: {name} has shape {tuple(src.shape)}, the model {tuple(target.shape)}")
+                raise ValueError(
+                    f"{cfg.path}: {name} has shape {tuple(src.shape)}, the model {tuple(target.shape)}"
+                )
             target.copy_(src)
     return model

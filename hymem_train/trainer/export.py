@@ -117,7 +117,9 @@ class ShardedSafetensorsWriter:
     order with the planned shape and dtype (an error names the first that does not).
     """
 
-    def __init__(self, out_dir: Path, plan: list[tuple[str, tuple[int, ...], torch.dtype]], max_shard_bytes: int):
+    def __init__(
+        self, out_dir: Path, plan: list[tuple[str, tuple[int, ...], torch.dtype]], max_shard_bytes: int
+    ):
         self.out_dir = out_dir
         shards: list[_Shard] = [_Shard("")]
         for name, shape, dtype in plan:
@@ -127,7 +129,11 @@ class ShardedSafetensorsWriter:
             shards[-1].entries.append((name, shape, dtype))
             shards[-1].nbytes += nb
         for i, s in enumerate(shards):  # one shard: plain `model.safetensors`, no index (the HF convention)
-            s.file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+            s.file = (
+                f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                if len(shards) > 1
+                else "model.safetensors"
+            )
         self.shards = shards
         self._queue = [(si, e) for si, s in enumerate(shards) for e in s.entries]
         self._pos = 0
@@ -218,7 +224,9 @@ class CardInfo:
     served_model_name: str = SERVED_MODEL_NAME
 
 
-def run_card_info(run_dir: Path, step: int | None, source: str, served_model_name: str = SERVED_MODEL_NAME) -> CardInfo:
+def run_card_info(
+    run_dir: Path, step: int | None, source: str, served_model_name: str = SERVED_MODEL_NAME
+) -> CardInfo:
     """Stage, step, config and last held-out metrics of a run directory (whatever of them exists)."""
     info = CardInfo(step=step, source=source, served_model_name=served_model_name)
     cfg_file = run_dir / "config.yaml"
@@ -312,13 +320,17 @@ def write_hf_dir(
         if hf_config.tie_word_embeddings and name == "lm_head.weight":
             continue
         if i >= len(expected) or name != expected[i]:
-            raise ValueError(f"export: got {name!r}, expected {expected[i] if i < len(expected) else 'nothing'}")
+            raise ValueError(
+                f"export: got {name!r}, expected {expected[i] if i < len(expected) else 'nothing'}"
+            )
         i += 1
         if writer is not None:
             for n, v in serving_tensors(name, t):
                 writer.write(n, v.to(out_dtype(n, v, dtype)))
     if i != len(expected):
-        raise ValueError(f"export: the source ended after {i} of {len(expected)} tensors (next: {expected[i]!r})")
+        raise ValueError(
+            f"export: the source ended after {i} of {len(expected)} tensors (next: {expected[i]!r})"
+        )
     if writer is None:
         return
     writer.close()
@@ -327,7 +339,9 @@ def write_hf_dir(
     from transformers import GenerationConfig
 
     GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     ).save_pretrained(tmp)
     dtype_name = str(dtype or next(t for _, _, t in plan)).removeprefix("torch.")
     (tmp / "README.md").write_text(model_card(card, hf_config, dtype_name))

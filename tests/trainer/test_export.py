@@ -45,11 +45,13 @@ VLLM_NAME_PATTERNS = {
 def vllm_expected_names(cfg: dict) -> set[str]:
     """Every tensor vLLM's HYV3ForCausalLM loads for this config.json (the names it would miss otherwise)."""
     out = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
-    for L in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{L}."
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
         out |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
-        out |= {f"{p}self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
-        if L < cfg["first_k_dense_replace"]:
+        out |= {
+            f"{p}self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+        }
+        if layer < cfg["first_k_dense_replace"]:
             out |= {f"{p}mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
             continue
         out |= {p + "mlp.gate.weight", p + "mlp.expert_bias"}
@@ -65,7 +67,7 @@ def saved_tensors(d: Path) -> dict[str, tuple[list[int], str]]:
     out = {}
     for f in sorted(d.glob("*.safetensors")):
         with safe_open(f, "pt") as fh:
-            for k in fh.keys():
+            for k in fh.keys():  # noqa: SIM118 (safe_open is not iterable)
                 sl = fh.get_slice(k)
                 out[k] = (sl.get_shape(), sl.get_dtype())
     return out
@@ -113,7 +115,9 @@ def test_exported_names_are_exactly_what_vllm_loads(tmp_path):
     assert saved["model.layers.0.mlp.gate.weight"][1] == saved["model.layers.0.mlp.expert_bias"][1] == "F32"
     from transformers import AutoModelForCausalLM
 
-    m, info = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True, output_loading_info=True)
+    m, info = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", local_files_only=True, output_loading_info=True
+    )
     assert not any(info.values()), info
     assert torch.equal(m.model.layers[0].mlp.e_score_correction_bias, torch.full((8,), 0.25))
     # the fused expert tensor is rebuilt exactly (gate rows then up rows)
@@ -129,7 +133,9 @@ def test_fp32_export_of_a_plain_model_has_bit_exact_logits(tmp_path):
     assert (tmp_path / "out" / "model.safetensors").exists()  # one shard: no index (HF convention)
     tok = AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
     ids = torch.tensor([tok.encode("Alice moved to Paris in 2021; her dog is called Rex.")])
-    m = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True, attn_implementation="eager")
+    m = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", local_files_only=True, attn_implementation="eager"
+    )
     assert torch.equal(_logits(m, ids), _logits(model, ids))
     gen = json.loads((tmp_path / "out" / "generation_config.json").read_text())
     assert gen["eos_token_id"] == tok.convert_tokens_to_ids("<|im_end|>")
@@ -171,7 +177,10 @@ def test_load_model_names_a_path_that_is_no_checkpoint(tmp_path):
 
 def test_export_config_validates_push_to_hub_and_dtype():
     base = ["checkpoint=/c", "out_dir=/o"]
-    assert to_typed(compose("export", [*base, "push_to_hub=me/hy-memory"]), ExportConfig).push_to_hub == "me/hy-memory"
+    assert (
+        to_typed(compose("export", [*base, "push_to_hub=me/hy-memory"]), ExportConfig).push_to_hub
+        == "me/hy-memory"
+    )
     with pytest.raises(ValueError, match="push_to_hub='hy-memory': want a Hub repo id"):
         to_typed(compose("export", [*base, "push_to_hub=hy-memory"]), ExportConfig)
     with pytest.raises(ValueError, match="dtype 'int8'"):
@@ -207,7 +216,10 @@ def _round_trip(tmp_path: Path, nproc: int) -> dict[str, float]:
     # the run directory a stage leaves: its config (the architecture) and held-out metrics for the card
     (run / "config.yaml").write_text("run:\n  name: opd_test\nmodel:\n  preset: tiny\ninit_checkpoint: ''\n")
     (run / "metrics.jsonl").write_text(
-        json.dumps({"step": 1, "eval/reverse_kl": 0.5}) + "\n" + json.dumps({"step": 2, "eval/reverse_kl": 0.25}) + "\n"
+        json.dumps({"step": 1, "eval/reverse_kl": 0.5})
+        + "\n"
+        + json.dumps({"step": 2, "eval/reverse_kl": 0.25})
+        + "\n"
     )
     trained = _trained(params)
     ids = torch.tensor([list(range(5, 69)), list(range(300, 364))])

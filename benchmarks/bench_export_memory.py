@@ -35,7 +35,9 @@ def save(out: Path) -> None:
     from hymem_train.trainer.config import TrainerConfig
     from hymem_train.trainer.engine import Trainer
 
-    tr = Trainer(TrainerConfig(zero_stage=3, zero_persistence_threshold=0), build_model(_config(), seed=0))
+    tr = Trainer(
+        TrainerConfig(lr=1e-6, zero_stage=3, zero_persistence_threshold=0), build_model(_config(), seed=0)
+    )
     tr.save(str(out / "checkpoints"), {})
     tr.close()
 

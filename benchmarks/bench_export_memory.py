@@ -42,6 +42,16 @@ def save(out: Path) -> None:
     tr.close()
 
 
+def _status() -> dict[str, int]:
+    """RssAnon / RssFile (bytes) now: anonymous memory vs mapped file pages (the checkpoint's mmap)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("RssAnon", "RssFile")):
+            k, v = line.split(":")
+            out[k] = int(v.split()[0]) * 1024
+    return out
+
+
 def export(out: Path) -> None:
     import torch
 
@@ -52,18 +62,22 @@ def export(out: Path) -> None:
     cfg = _config()
     n_params = sum(int(torch.Size(s).numel()) for _, s, _ in skeleton_entries(cfg))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = _status()
     t0 = time.perf_counter()
     w = DeepSpeedWeights(out / "checkpoints" / "step_0")
     order = [n for n, _, _ in skeleton_entries(cfg)]
     write_hf_dir(w.iter_tensors(order), cfg, out / "hf", dtype=torch.bfloat16, tokenizer=default_tokenizer(),
                  card=CardInfo(step=0), max_shard_bytes=100 * 10**6)  # fmt: skip
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = _status()  # the mapped partitions are still referenced by `w` here
     res = {
         "params": n_params, "bf16_bytes": 2 * n_params, "fp32_bytes": 4 * n_params,
         "rss_before_export": base, "rss_peak": peak, "export_rss_increase": peak - base,
         "increase_over_bf16_model": (peak - base) / (2 * n_params),
         "increase_over_fp32_model": (peak - base) / (4 * n_params),
         "peak_over_bf16_model": peak / (2 * n_params), "seconds": time.perf_counter() - t0,
+        "rss_anon_before": before.get("RssAnon"), "rss_anon_after": after.get("RssAnon"),
+        "rss_file_before": before.get("RssFile"), "rss_file_after": after.get("RssFile"),
         "shards": len(list((out / "hf").glob("*.safetensors"))),
     }  # fmt: skip
     print(json.dumps(res, indent=1))
@@ -80,7 +94,7 @@ def main() -> None:
     if a.phase == "export":
         return export(out)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for phase in ("save", "export"):
+    for phase in ("save", "export") if not (out / "checkpoints" / "latest").exists() else ("export",):
         subprocess.run([sys.executable, __file__, "--out", str(out), "--phase", phase], check=True, env=env)
 
 

@@ -8,6 +8,7 @@ next to its code that imports no torch, Ray or HTTP stack, so composing and vali
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
@@ -45,7 +46,9 @@ class StageConfig:
     run: RunConfig = field(default_factory=RunConfig)
     num_steps: int = 100  # optimizer steps of this stage
     save_every: int = 10  # checkpoint (and held-out evaluation) every N steps, and at the end
-    init_checkpoint: str = ""  # HF checkpoint directory to start the policy from ("" = model config)
+    # the policy's start: an HF directory (<run>/final) or a DeepSpeed step checkpoint
+    # (<run>/checkpoints/step_N, architecture from that run's config.yaml); "" = model config
+    init_checkpoint: str = ""
 
     def validate(self) -> None:
         self.model.validate(), self.engine.validate(), self.trainer.validate(), self.rollout.validate()
@@ -148,8 +151,26 @@ class EvaluateConfig(ServeConfig):
 
 @dataclass
 class ExportConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)  # what to export (path = a training checkpoint)
-    checkpoint: str = "???"  # checkpoint directory written by sft/opd/rl
-    out_dir: str = "???"  # HF-format output directory (config, safetensors, tokenizer)
-    dtype: str = "bfloat16"  # dtype of the exported weights
+    """`python -m hymem_train.export checkpoint=... out_dir=...` (docs/export.md)."""
+
+    # a DeepSpeed step checkpoint (<run>/checkpoints/step_N, or <run>/checkpoints = its `latest`) or an
+    # HF directory (<run>/final); a step checkpoint's architecture comes from <run>/config.yaml
+    checkpoint: str = "???"
+    out_dir: str = "???"  # HF-format output: safetensors shards, config, tokenizer, generation config, card
+    dtype: str = "bfloat16"  # exported weights (router gate and expert bias stay float32, as HF keeps them)
+    # the architecture when the checkpoint's run has no config.yaml (an SFT run); otherwise unused
+    model: ModelConfig = field(default_factory=ModelConfig)
+    max_shard_mb: int = 5000  # safetensors shard size (MB = 10^6 bytes)
+    served_model_name: str = "hy-memory"  # written into the card's `vllm serve` line
+    push_to_hub: str = ""  # "owner/name": upload out_dir with huggingface_hub after the export ("" = no)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> None:
+        from hymem_train.models.config import DTYPE_NAMES
+
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype {self.dtype!r} not in {sorted(DTYPE_NAMES)}")
+        if self.max_shard_mb < 1:
+            raise ValueError(f"max_shard_mb={self.max_shard_mb}: must be >= 1")
+        if self.push_to_hub and not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", self.push_to_hub):
+            raise ValueError(f"push_to_hub={self.push_to_hub!r}: want a Hub repo id 'owner/name'")

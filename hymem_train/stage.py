@@ -93,6 +93,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = load_tokenizer_for(cfg.model)
+    # init_checkpoint: an HF directory or a DeepSpeed step checkpoint (models/loading.py reads both)
     if cfg.init_checkpoint:
         require_local_dir(cfg.init_checkpoint, "init_checkpoint")
     model_cfg = dataclasses.replace(cfg.model, path=cfg.init_checkpoint or cfg.model.path)
@@ -109,7 +110,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     )  # fmt: skip
     if stage.is_driver:
         init_ray(cfg.cluster)
-        stage.engine = build_engine(cfg.engine, model_cfg, tokenizer)
+        stage.engine = build_engine(cfg.engine, engine_model_cfg(cfg, model_cfg, run_dir), tokenizer)
         stage.gateway = Gateway(stage.engine, tokenizer, cfg.gateway)
         stage.server = GatewayServer(stage.gateway).start()
         # bank readers (reward actors, lineage checks) embed queries through the gateway under an
@@ -149,6 +150,23 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     trainer.sync_weights(stage.sync_receivers, version=start_step)
     torch.manual_seed(cfg.run.seed + start_step)
     return stage
+
+
+def engine_model_cfg(cfg: StageConfig, model_cfg: Any, run_dir: Path) -> Any:
+    """The engine's model config. vLLM reads only HF directories: a step-checkpoint init (the report's RL
+    from OPD step 375) is exported once to `<run>/init_hf` (the trainer loads the step checkpoint itself)."""
+    if cfg.engine.kind != "vllm" or not model_cfg.path:
+        return model_cfg
+    from hymem_train.models.checkpoint_files import checkpoint_kind
+
+    if checkpoint_kind(model_cfg.path) != "deepspeed":
+        return model_cfg
+    from hymem_train.trainer.export import export_checkpoint
+
+    out = run_dir / "init_hf"
+    if not (out / "config.json").exists():
+        export_checkpoint(model_cfg.path, out, dtype=model_cfg.dtype, fallback_model=cfg.model)
+    return dataclasses.replace(model_cfg, path=str(out))
 
 
 def log_step(stage: Stage, step: int, metrics: dict[str, float]) -> None:

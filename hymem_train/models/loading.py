@@ -1,5 +1,10 @@
 """Model/tokenizer loading from config: a local checkpoint path or a preset built from config.
 
+`path` may be an HF directory or a DeepSpeed step checkpoint written by `Trainer.save`
+(`<run>/checkpoints/step_N`): the report's RL starts from OPD step 375. A step checkpoint's
+architecture comes from its run's config.yaml and its weights from DeepSpeed's per-parameter
+consolidation of the ZeRO partitions (models/checkpoint_files.py).
+
 No hub: `from_pretrained` always runs with local_files_only=True.
 """
 
@@ -34,6 +39,10 @@ def load_model(cfg: ModelConfig):
     require_local_dir(cfg.path, "model.path")
     cfg.validate()
     if cfg.path:
+        from hymem_train.models.checkpoint_files import checkpoint_kind
+
+        if checkpoint_kind(cfg.path) == "deepspeed":  # CheckpointPathError for anything else
+            return load_step_checkpoint(cfg)
         return HYV3ForCausalLM.from_pretrained(
             cfg.path,
             local_files_only=True,
@@ -50,3 +59,28 @@ def load_tokenizer_for(cfg: ModelConfig):
 
     key = "model.tokenizer_path" if cfg.tokenizer_path else "model.path" if cfg.path else ""
     return load_tokenizer(cfg.tokenizer_path or cfg.path or ASSET_DIR, key=key)
+
+
+def load_step_checkpoint(cfg: ModelConfig):
+    """An HYV3ForCausalLM with the module weights of a DeepSpeed step checkpoint (`cfg.path`)."""
+    from hymem_train.models.checkpoint_files import DeepSpeedWeights, hf_config_for, step_dir_of
+
+    hf_config = hf_config_for(cfg)
+    model = build_model(hf_config, cfg.seed, DTYPES[cfg.dtype])
+    weights = DeepSpeedWeights(step_dir_of(cfg.path))
+    expected = dict(model.state_dict())
+    missing = sorted(set(expected) - set(weights.names()))
+    unexpected = sorted(set(weights.names()) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{cfg.path}: checkpoint and model config disagree: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    with torch.no_grad():
+        for name, target in expected.items():  # one consolidated parameter at a time
+            src = weights.get(name)
+            if tuple(src.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"{cfg.path}: {name} has shape {tuple(src.shape)}, the model {tuple(target.shape)}"
+                )
+            target.copy_(src)
+    return model

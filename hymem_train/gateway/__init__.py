@@ -4,7 +4,7 @@ Names are imported lazily: rollout workers import `hymem_train.gateway.client` o
 pull in torch through the server and engines (a Ray actor per worker would pay for it).
 """
 
-from importlib import import_module
+from hymem_train.lazy import lazy_getattr
 
 _EXPORTS = {
     "Gateway": "server",
@@ -18,10 +18,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

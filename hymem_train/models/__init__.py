@@ -3,7 +3,7 @@
 Names are imported lazily, so `hymem_train.models.config` (a config schema) costs no torch import.
 """
 
-from importlib import import_module
+from hymem_train.lazy import lazy_getattr
 
 _EXPORTS = {
     "PRESETS": "presets",
@@ -18,10 +18,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

@@ -41,6 +41,9 @@ M_DISCARDED = "rollout/discarded_segments"  # calls of retried (failed) write at
 M_POLICY_ERRORS = "rollout/policy_error_chunks"  # chunks whose write was malformed policy output, sum
 M_PLATFORM_ERRORS = "rollout/platform_error_rollouts"  # rollouts ended by a persistent platform fault, sum
 M_WRITE_S = "perf/rollout_write_s"  # seconds spent in harness writes, sum
+# sandboxes restarted after a crash, each with the bank restored from its pre-write snapshot, sum (a
+# crash reported as a clean write would restart nothing: silent failure 7, tests/stages/test_fault_injection.py)
+M_RESTARTS = "rollout/sandbox_restarts"
 
 
 @dataclass
@@ -215,6 +218,7 @@ class RolloutWorker:
             M_POLICY_ERRORS: float(sum(w.status is WriteStatus.POLICY_ERROR for w in writes)),
             M_PLATFORM_ERRORS: float(status == "platform_error"),
             M_WRITE_S: t_write,
+            M_RESTARTS: float(getattr(harness, "num_restarts", 0)),  # 0 in process (no sandbox)
         }
         return RolloutResult(record, kept, [w.to_json() for w in writes], metrics)
 

@@ -48,6 +48,12 @@ M_OVER_CAP = (
     "rollout/prompt_over_cap_rollouts"  # rollouts ended by a call over the prompt cap (drop_chunk), sum
 )
 M_WRITE_S = "perf/rollout_write_s"  # seconds spent in harness writes, sum
+# sandboxes restarted after a crash, each with the bank restored from its pre-write snapshot, sum (a
+# crash reported as a clean write would restart nothing: silent failure 7, tests/stages/test_fault_injection.py)
+M_RESTARTS = "rollout/sandbox_restarts"
+# chunks whose write itself reported (or raised) a platform fault after the harness's retries, sum; a
+# bank unreadable after a write reported OK is a platform error too, but not counted here
+M_PLATFORM_WRITES = "rollout/platform_error_writes"
 
 
 @dataclass
@@ -152,6 +158,7 @@ class RolloutWorker:
         writes: list[WriteResult] = []
         status = "ok"
         t_write = 0.0
+        crashed_writes, in_write = 0, False
         try:
             if task.parent_bank:
                 # the parent lives outside this rollout's sandbox root: the rollout side copies it in
@@ -166,6 +173,7 @@ class RolloutWorker:
                 killer = self._maybe_kill(harness, task, pos)
                 if task.rollout_index in self.faults.foreign_identity and pos == 0:
                     self._foreign_call(cred, tid)
+                in_write = True
                 res = harness.write_chunk(
                     chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id, chunk.date,
                     chunk_index=chunk.index,
@@ -173,7 +181,9 @@ class RolloutWorker:
                 t_write += time.perf_counter() - t0
                 if killer is not None:
                     killer.set()
+                in_write = False
                 writes.append(res)
+                crashed_writes += res.status is WriteStatus.PLATFORM_ERROR
                 size = None
                 if res.status is not WriteStatus.PLATFORM_ERROR:
                     try:
@@ -197,6 +207,7 @@ class RolloutWorker:
                     harness.open(bank_dir)
         except Exception as e:  # a crashed sandbox or store: the whole rollout is a platform fault
             log.exception("rollout %s failed", tid)
+            crashed_writes += in_write
             status = "platform_error"
             done = {s.chunk_index for s in snapshots}
             for c in task.chunks:
@@ -238,6 +249,8 @@ class RolloutWorker:
             M_PLATFORM_ERRORS: float(status == "platform_error"),
             M_OVER_CAP: float(bool(dropped)),
             M_WRITE_S: t_write,
+            M_RESTARTS: float(getattr(harness, "num_restarts", 0)),  # 0 in process (no sandbox)
+            M_PLATFORM_WRITES: float(crashed_writes),
         }
         return RolloutResult(record, kept, [w.to_json() for w in writes], metrics)
 

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from harnesses.adapters.mem0 import SCROLL_PAGE
 from harnesses.base import BankMismatchError, Endpoint, WriteStatus
 from harnesses.registry import REPO_ROOT, HarnessConfig, make_harness
 from tests.doubles.openai_server import HttpFailure
@@ -128,6 +129,21 @@ def test_get_all_default_cap_vs_read_all(tmp_path, server, mem0):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "20"
+
+
+@pytest.mark.slow
+def test_read_all_follows_every_scroll_page(tmp_path, server, mem0):
+    """Silent failure 6 past one page: read_all scrolls Qdrant in pages of SCROLL_PAGE; a bank of more
+    than one page (and not a multiple of it) comes back whole, every entry once, equal to count()."""
+    n = SCROLL_PAGE + 44
+    facts = [f"User fact number {i} is about topic {i * 7}" for i in range(n)]
+    server.set_replies([_reply(*facts)])
+    mem0.open(tmp_path / "bank", create=True)
+    assert mem0.write_chunk(CHUNK, "s1", "d").num_added == n
+    entries = mem0.read_all()
+    assert mem0.count() == n
+    assert len(entries) == n and len({e.id for e in entries}) == n
+    assert sorted(e.text for e in entries) == sorted(facts)
 
 
 def test_platform_errors_and_kill_mid_write(tmp_path, server, mem0):

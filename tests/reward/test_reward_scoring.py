@@ -165,3 +165,20 @@ def test_missing_growth_bounds_and_bad_inputs_raise():
         rs = group()
         rs[0].size_tokens_C = [1]
         score_group(rs, SRC, cfg(), "native")
+
+
+def test_platform_error_rollout_is_never_scored():
+    """Silent failure 7 on its own: with the growth penalty off and no ORM question on chunk 1, nothing
+    but the rollout's status makes the platform-failed row invalid (its empty probes give prm 0, valid).
+    It must stay out of every cell, advantage and metric; scored, it would get s = 0 and A < 0."""
+    rs = group()
+    rs[2] = JudgedRollout(
+        "platform_error", [[], []], [[], []], [None], None, [None, None]
+    )  # as the service fills it
+    g = score_group(rs, [[0, 0]], cfg(use_growth_penalty=False), "native")  # both gold facts from chunk 0
+    assert g.valid_GC == [[True, True], [True, True], [False, False]]
+    assert g.adv_GC[2] == [0.0, 0.0]
+    assert col(g.adv_GC, 0) == pytest.approx([R, -R, 0.0], abs=1e-5)  # s[0]: r0 2.5, r1 1.5
+    assert col(g.adv_GC, 1) == [0.0, 0.0, 0.0]  # s[1]: r0 = r1 = 0.5 (prm only); no signal
+    assert g.metrics[M_EXCL_ROLLOUTS] == pytest.approx(1 / 3)
+    assert g.metrics[M_EXCL_CELLS] == pytest.approx(2 / 6)

@@ -63,6 +63,9 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
         # sandbox killed mid-window, on every retry: a platform error, excluded, never scored (failure 7)
         assert s["rollout/platform_error_rollouts"] == 2  # rollout 1 of each of the 2 windows
         assert s["reward/excluded_rollout_share"] == pytest.approx(2 / 6)
+        # ... reported as such by the write itself (after its retry), not only noticed later: a crash
+        # reported as a clean write still ends the rollout platform_error, through the unreadable bank
+        assert s["rollout/platform_error_writes"] == 2
         # judge timeouts: excluded and counted, never a 0 for the policy
         assert s["reward/judge_faults"] > 0
         # the tiny random policy's malformed output: policy_error chunks, scored (failure 9)

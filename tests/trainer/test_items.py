@@ -29,8 +29,14 @@ def test_opd_items_align_teacher_rows_with_response_tokens():
 
 def test_opd_items_raise_on_missing_or_short_teacher_answer():
     s = _seg(P=3, R=2)
-    with pytest.raises(ValueError, match="t/0/0: teacher returned no top-k"):
-        opd_items([s], [None])
+    # the guard's own error for every shape of "no answer", not whatever crash the code hits without it
+    empty = torch.zeros(0, 2, dtype=torch.long)
+    for answer in (None, TopKLogprobs(ids_TK=None, logprobs_TK=None), TopKLogprobs(empty, empty.float())):
+        with pytest.raises(Exception) as err:
+            opd_items([s], [answer])
+        assert err.type is ValueError and "t/0/0: teacher returned no top-k (failure 2)" in str(err.value), (
+            f"{answer!r}: {err.type.__name__}: {err.value}"
+        )
     with pytest.raises(ValueError, match="covers 3 positions, need 4"):
         opd_items(
             [s], [TopKLogprobs(ids_TK=torch.zeros(3, 2, dtype=torch.long), logprobs_TK=torch.zeros(3, 2))]

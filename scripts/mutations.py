@@ -1,0 +1,251 @@
+"""Re-apply single mutations to the guards and check that the named tests fail (issue 18, section 5).
+
+    cd <repo root> && python scripts/mutations.py                  # every mutation (~15 min on 2 cores)
+    python scripts/mutations.py --fast                             # skip the ones whose tests are slow
+    python scripts/mutations.py --only ppo_lower_clip mem0_pagination
+    python scripts/mutations.py --list
+    python scripts/mutations.py --only mem0_pagination --tests tests/harnesses/test_mem0.py  # other tests
+
+Each mutation replaces one exact snippet of one file by a broken one, runs its named pytest node ids,
+and restores the file (try/finally; at the end `git diff --quiet` must hold for every mutated file).
+A mutation is "caught" when every one of its named tests fails; it "survives" when any of them passes.
+The first line of each failure is printed, so a test that fails through an incidental crash (an
+AttributeError) instead of the guard's own error or number shows. Exit status 1 when any mutation
+survives or a named test was skipped (nothing verified). The table stays honest without running the
+mutations: tests/test_mutations_table.py checks in CI that every original snippet still occurs exactly
+once in its file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repository root
+    original: str  # must occur exactly once in the file
+    mutated: str
+    tests: tuple[str, ...]  # pytest node ids; each must fail on the mutation
+    slow: bool = False
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(  # silent failure 1: every window starts from an empty bank
+        "failure1_parent_bank_none",
+        "hymem_train/rollout/collector.py",
+        "parent = self.lineage.parent(w.sequence_id, sw.epoch, w.index)",
+        "parent = None",
+        ("tests/rollout/test_collector.py::test_next_window_starts_from_the_promoted_bank",),
+    ),
+    Mutation(  # silent failure 7: a platform-failed rollout scored as policy behaviour
+        "failure7_platform_rollout_scored",
+        "reward/scoring.py",
+        "        if failed:\n            ok_C = [False] * C\n",
+        "",
+        ("tests/reward/test_reward_scoring.py::test_platform_error_rollout_is_never_scored",),
+    ),
+    Mutation(  # silent failure 7: platform-failed rollouts kept for training
+        "failure7_usable_keeps_platform_errors",
+        "hymem_train/rollout/collector.py",
+        "return [(i, r) for i, r in enumerate(self.results) if r.record.status != PLATFORM_ERROR]",
+        "return list(enumerate(self.results))",
+        (
+            "tests/rollout/test_collector.py::test_platform_failed_rollouts_are_not_trained_on",
+            "tests/rollout/test_collector.py::test_usable_excludes_platform_errors",
+        ),
+    ),
+    Mutation(
+        "failure7_advantage_items_use_all_rollouts",
+        "hymem_train/trainer/items.py",
+        "        for i, r in g.usable():\n",
+        "        for i, r in enumerate(g.results):\n",
+        ("tests/rollout/test_collector.py::test_platform_failed_rollouts_are_not_trained_on",),
+    ),
+    Mutation(
+        "failure7_teacher_items_use_all_rollouts",
+        "hymem_train/trainer/items.py",
+        "segs = [s for g in groups for _, r in g.usable() for s in r.segments]",
+        "segs = [s for g in groups for r in g.results for s in r.segments]",
+        ("tests/rollout/test_collector.py::test_platform_failed_rollouts_are_not_trained_on",),
+    ),
+    Mutation(  # silent failure 7: a killed sandbox reported as an OK write (no retry, no restore)
+        "failure7_sandbox_crash_reported_ok",
+        "harnesses/sandbox.py",
+        'return WriteResult(WriteStatus.PLATFORM_ERROR, 0, f"{e} (after {time.monotonic() - t0:.1f} s)")',
+        'return WriteResult(WriteStatus.OK, 0, f"{e} (after {time.monotonic() - t0:.1f} s)")',
+        (
+            "tests/harnesses/test_sandbox.py::test_killed_sandbox_mid_write_is_platform_error_and_bank_restored",
+            "tests/stages/test_fault_injection.py::test_rl_run_classifies_and_counts_injected_faults",
+        ),
+        slow=True,
+    ),
+    Mutation(
+        "ppo_lower_clip",
+        "hymem_train/trainer/losses.py",
+        "ratio_N.clamp(1.0 - clip_low, 1.0 + clip_high)",
+        "ratio_N.clamp(max=1.0 + clip_high)",
+        ("tests/trainer/test_ppo_clip_mutations.py::test_lower_clip_binds_for_negative_advantage",),
+    ),
+    Mutation(
+        "ppo_upper_clip",
+        "hymem_train/trainer/losses.py",
+        "ratio_N.clamp(1.0 - clip_low, 1.0 + clip_high)",
+        "ratio_N.clamp(min=1.0 - clip_low)",
+        (
+            "tests/trainer/test_losses.py::test_ppo_golden",
+            "tests/trainer/test_ppo_clip_mutations.py::test_upper_clip_binds_for_positive_advantage",
+        ),
+    ),
+    Mutation(  # silent failure 6: read_all stops after the first scroll page
+        "mem0_pagination",
+        "harnesses/adapters/mem0.py",
+        "            if offset is None:\n                break\n",
+        "            break\n",
+        ("tests/harnesses/test_mem0.py::test_read_all_follows_every_scroll_page",),
+        slow=True,
+    ),
+    Mutation(  # routing replay: the trainer's mismatch rate averaged wrongly (still in [0, 1])
+        "replay_mismatch_unweighted",
+        "hymem_train/trainer/engine.py",
+        '[st["moe/replay_mismatch_rate"] * st["moe/replayed_slots"], st["moe/replayed_slots"]]',
+        '[st["moe/replay_mismatch_rate"], st["moe/replayed_slots"]]',
+        ("tests/trainer/test_engine_dist.py::test_opd_step_on_one_rank_logs_support_metrics",),
+        slow=True,
+    ),
+    Mutation(  # routing replay: the trainer forwards with free routes
+        "replay_not_applied_in_trainer",
+        "hymem_train/trainer/engine.py",
+        "        return self.routing.replay(mb.routes_1TLE)\n",
+        "        return contextlib.nullcontext()\n",
+        ("tests/trainer/test_engine_dist.py::test_opd_step_on_one_rank_logs_support_metrics",),
+        slow=True,
+    ),
+    Mutation(  # silent failure 2: no top-k guard in opd_items
+        "no_topk_guard_items",
+        "hymem_train/trainer/items.py",
+        "if tk is None or tk.ids_TK is None or tk.ids_TK.numel() == 0:",
+        "if False:",
+        ("tests/trainer/test_items.py::test_opd_items_raise_on_missing_or_short_teacher_answer",),
+    ),
+    Mutation(  # silent failure 2: no top-k guard in packing
+        "no_topk_guard_packing",
+        "hymem_train/trainer/packing.py",
+        "if ids is None or lps is None or np.size(ids) == 0:",
+        "if False:",
+        ("tests/trainer/test_packing.py::test_opd_without_teacher_topk_raises_failure_2",),
+    ),
+)
+
+
+def _git_clean(path: str) -> bool:
+    return subprocess.run(["git", "diff", "--quiet", "--", path], cwd=ROOT).returncode == 0
+
+
+def _run_tests(tests: tuple[str, ...]) -> dict[str, str]:
+    """node id -> 'passed' | 'skipped' | 'failed: <first line of the failure>'."""
+    with tempfile.TemporaryDirectory() as d:
+        xml = Path(d) / "junit.xml"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *tests]
+        subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not xml.exists():
+            return {t: "failed: pytest wrote no report" for t in tests}
+        out: dict[str, str] = {}
+        for case in ET.parse(xml).iter("testcase"):
+            node = f"{case.get('file') or case.get('classname', '').replace('.', '/') + '.py'}::{case.get('name')}"
+            bad = case.find("failure")
+            if bad is None:
+                bad = case.find("error")
+            if bad is not None:
+                msg = (bad.get("message") or bad.text or "").strip().splitlines()
+                out[node] = "failed: " + (msg[0][:150] if msg else "?")
+            elif case.find("skipped") is not None:
+                out[node] = "skipped"
+            else:
+                out[node] = "passed"
+    # match junit names back to the node ids we asked for (parametrized ids map to several cases)
+    result = {}
+    for t in tests:
+        if "::" not in t:  # a file or folder: every case under it
+            result.update({k: v for k, v in out.items() if k.startswith(t.rstrip("/"))})
+            continue
+        base = t.split("::")[-1]
+        hits = [v for k, v in out.items() if k.split("::")[-1].split("[")[0] == base.split("[")[0]]
+        if not hits:
+            result[t] = "failed: not collected"
+        elif any(h == "passed" for h in hits):
+            result[t] = "passed"
+        elif all(h == "skipped" for h in hits):
+            result[t] = "skipped"
+        else:
+            result[t] = next(h for h in hits if h.startswith("failed"))
+    return result
+
+
+def apply(m: Mutation, tests: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Mutate, run the named tests (or `tests`), restore."""
+    f = ROOT / m.path
+    text = f.read_text()
+    if text.count(m.original) != 1:
+        raise SystemExit(f"{m.name}: original snippet occurs {text.count(m.original)} times in {m.path}")
+    if not _git_clean(m.path):
+        raise SystemExit(f"{m.name}: {m.path} has uncommitted changes; commit or stash them first")
+    try:
+        f.write_text(text.replace(m.original, m.mutated))
+        return _run_tests(tests or m.tests)
+    finally:
+        f.write_text(text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", default=None, help="mutation names")
+    ap.add_argument("--fast", action="store_true", help="skip mutations whose tests are slow")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--tests", nargs="*", default=None, help="run these tests instead of the named ones")
+    args = ap.parse_args()
+    chosen = [
+        m for m in MUTATIONS if (args.only is None or m.name in args.only) and not (args.fast and m.slow)
+    ]
+    if args.only and (unknown := set(args.only) - {m.name for m in MUTATIONS}):
+        raise SystemExit(f"unknown mutation(s): {sorted(unknown)}")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:45s} {m.path}  ->  {', '.join(m.tests)}")
+        return 0
+    survived = dirty = 0
+    rows = []
+    try:
+        for m in chosen:
+            t0 = time.monotonic()
+            res = apply(m, tuple(args.tests) if args.tests else None)
+            caught = all(v.startswith("failed") for v in res.values())
+            verdict = "CAUGHT" if caught else ("UNTESTED" if "skipped" in res.values() else "SURVIVED")
+            survived += verdict != "CAUGHT"
+            rows.append((m.name, verdict, time.monotonic() - t0, res))
+            print(f"{verdict:8s} {m.name} ({time.monotonic() - t0:.0f} s)", flush=True)
+            for t, v in res.items():
+                print(f"    {t}: {v}", flush=True)
+    finally:
+        not_restored = sorted({m.path for m in chosen if not _git_clean(m.path)})
+        if not_restored:
+            print(f"ERROR: files not restored: {not_restored}", file=sys.stderr)
+            dirty = 1
+    print(f"\n{len(rows) - survived} of {len(rows)} mutations caught by their named tests")
+    return 1 if survived or dirty else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,6 +32,16 @@ COLUMNS = (
     ("evidence_issues", "evidence issues (unresolved/recovered/empty)"),
 )
 
+# the report's reward-data table (one row per harness configuration), as a stage prints it at start-up
+REPORT_COLUMNS = (
+    ("profile", "harness config"),
+    ("num_windows", "windows"),
+    ("num_chunks", "chunks"),
+    ("num_recall_probes", "recall probes"),
+    ("num_traps", "traps"),
+    ("num_orm_questions", "ORM questions"),
+)
+
 
 @dataclass
 class Stats:
@@ -95,10 +105,18 @@ def compute(
     )
 
 
-def format_table(rows: list[Stats]) -> str:
-    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
-    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(str(getattr(r, key)) for key, _ in COLUMNS) + " |" for r in rows]
+def of_tables(profile: str, tables: dict[str, list]) -> Stats:
+    """The statistics of a built dataset's tables (`BuiltDataset.tables`), as the row of `profile`."""
+    return compute(
+        profile, tables["sequences"], tables["chunks"], tables["windows"], tables["facts"], tables["probes"],
+        tables["orm_questions"], tables["eval_items"],
+    )  # fmt: skip
+
+
+def format_table(rows: list[Stats], columns: tuple[tuple[str, str], ...] = COLUMNS) -> str:
+    head = "| " + " | ".join(title for _, title in columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(str(getattr(r, key)) for key, _ in columns) + " |" for r in rows]
     return "\n".join([head, sep, *body])
 
 

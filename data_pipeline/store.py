@@ -213,3 +213,52 @@ class BuiltDataset:
     def questions_of(self, window: Any) -> list[Any]:
         """ORM questions asked after the window."""
         return list(self._questions.get((window.sequence_id, window.index), []))
+
+    def of(self, harness: str) -> BuiltDataset:
+        """The dataset a harness configuration trains on: one dataset serves every harness."""
+        return self
+
+
+class HarnessDatasets:
+    """The training data of a stage: harness config name -> its BuiltDataset. From `data.per_harness`
+    every harness trains on every sequence of its own dataset (the same sequence in several harnesses is
+    several lineages); from the `data.path` shorthand (`round_robin`) one dataset serves every harness
+    and each sequence is bound to one harness. A directory named by several harnesses is read once."""
+
+    def __init__(self, per_harness: dict[str, str | Path], *, round_robin: bool = False):
+        if not per_harness:
+            raise ValueError("HarnessDatasets: no harness has a dataset")
+        by_dir: dict[str, BuiltDataset] = {}
+        self.by_harness: dict[str, BuiltDataset] = {}
+        for name, root in per_harness.items():
+            key = str(Path(root).resolve())
+            if key not in by_dir:
+                by_dir[key] = BuiltDataset(root)
+            self.by_harness[name] = by_dir[key]
+        if round_robin and len(by_dir) != 1:
+            raise ValueError("HarnessDatasets: round_robin binds sequences of one dataset, got several")
+        self.round_robin = round_robin
+
+    @classmethod
+    def from_config(cls, path: str, per_harness: dict[str, str], harnesses: list[str]) -> HarnessDatasets:
+        """`data.per_harness`, or the `data.path` shorthand (one directory, sequences round-robin)."""
+        if per_harness:
+            return cls(dict(per_harness))
+        return cls({h: path for h in harnesses}, round_robin=True)
+
+    def of(self, harness: str) -> BuiltDataset:
+        if harness not in self.by_harness:
+            raise KeyError(
+                f"no dataset for harness {harness!r}, have {sorted(self.by_harness)} (silent failure 4)"
+            )
+        return self.by_harness[harness]
+
+    def schedule(self) -> list[Any] | dict[str, list[Any]]:
+        """What the window scheduler takes: one window list (round-robin binding) or windows per harness."""
+        if self.round_robin:
+            return next(iter(self.by_harness.values())).windows
+        return {h: d.windows for h, d in self.by_harness.items()}
+
+    @property
+    def manifests(self) -> dict[str, Manifest]:
+        return {h: d.manifest for h, d in self.by_harness.items()}

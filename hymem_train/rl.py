@@ -117,7 +117,7 @@ def run(cfg: RlConfig) -> dict[str, float]:
                     max_model_len=cfg.engine.max_model_len,
                 )  # fmt: skip
                 cfg.reward.reader = dataclasses.replace(cfg.reward.reader, base_url=reader.base_url)
-            reward = HarnessRewards(cfg.reward, stage.bank_readers, stage.dataset.manifest)
+            reward = HarnessRewards(cfg.reward, stage.bank_readers, stage.dataset.manifests)
             stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "rl_curves.png"))
         last = train(stage, reward, cfg)
         failed = False

@@ -14,19 +14,36 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from harnesses.registry import HarnessConfig, get_spec
-from hymem_train.config import ClusterConfig, LoggingConfig, RunConfig
+from hymem_train.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
 from hymem_train.engines.config import EngineConfig
 from hymem_train.gateway.config import GatewayConfig
 from hymem_train.models.config import ModelConfig
 from hymem_train.rollout.config import RolloutConfig
 from hymem_train.trainer.config import TrainerConfig
 from reward.config import RewardConfig
+from reward.schedule import reconcile_data
 
 
 @dataclass
 class DataRef:
-    path: str = "???"  # a built dataset directory (python -m data_pipeline.build), one harness profile
+    """The training data: `per_harness` (each harness configuration trains on every sequence of its own
+    dataset) or `path`, the single-dataset shorthand (one dataset, each sequence bound to one harness
+    round-robin). Exactly one of the two (docs/stages.md, "Data per harness")."""
+
+    path: str = ""  # a built dataset directory (python -m data_pipeline.build), one harness profile
+    # harness config name -> its built dataset directory (report: Chat, Mem0 and MemOS each process the
+    # same windows, each with its own chunking profile; Working and Coding have their own data)
+    per_harness: dict[str, str] = field(default_factory=dict)
     eval_path: str = ""  # held-out built dataset for evaluation ("" = none)
+
+    def validate(self, declared: list[str]) -> None:
+        if bool(self.path) == bool(self.per_harness):
+            raise ConfigError(
+                "data.path / data.per_harness: set exactly one (data.path=DIR: one built dataset for every "
+                "harness; data.per_harness.<harness>=DIR: a dataset per harness configuration)"
+            )
+        if self.per_harness and declared:  # silent failure 4, caught before any work
+            reconcile_data(self.per_harness, declared, where="data.per_harness")
 
 
 @dataclass
@@ -51,6 +68,7 @@ class StageConfig:
     init_checkpoint: str = ""
 
     def validate(self) -> None:
+        self.data.validate(list(self.harnesses))
         self.model.validate(), self.engine.validate(), self.trainer.validate(), self.rollout.validate()
         self.cluster.validate(), self.logging.validate(), self.gateway.validate()
         self.gateway.check_fits(self.engine.max_model_len)

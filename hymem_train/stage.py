@@ -39,7 +39,7 @@ class Stage:
     trainer: Any  # trainer.engine.Trainer (DeepSpeed; every rank)
     checkpoints: StageCheckpoints
     start_step: int  # the last finished step of a resumed run (0 = a new run)
-    dataset: Any  # data_pipeline.store.BuiltDataset: the training windows
+    dataset: Any  # data_pipeline.store.HarnessDatasets: each harness's training windows (`.of(harness)`)
     eval_dataset: Any  # held-out BuiltDataset, or None (data.eval_path empty)
     timer: StepTimer
     dumps: StepDumps
@@ -76,7 +76,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     """Every part of a stage, built in a fixed order (the RNG draws of model init depend on it)."""
     import torch
 
-    from data_pipeline.store import BuiltDataset
+    from data_pipeline.store import BuiltDataset, HarnessDatasets
     from hymem_train.cluster import check_ray_capacity, init_ray
     from hymem_train.engines import build_engine
     from hymem_train.gateway.runner import GatewayServer
@@ -104,8 +104,9 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     start_step, client_state = checkpoints.resume()
     if start_step:
         log.info("resumed from %s at step %d", checkpoints.dir, start_step)
+    datasets = HarnessDatasets.from_config(cfg.data.path, cfg.data.per_harness, list(cfg.harnesses))
     stage = Stage(
-        cfg, run_dir, tokenizer, trainer, checkpoints, start_step, BuiltDataset(cfg.data.path),
+        cfg, run_dir, tokenizer, trainer, checkpoints, start_step, datasets,
         BuiltDataset(cfg.data.eval_path) if cfg.data.eval_path else None, StepTimer(), StepDumps(run_dir),
     )  # fmt: skip
     if stage.is_driver:
@@ -122,8 +123,9 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
             name: BankReaderFactory(h, run_dir, embedder) for name, h in cfg.harnesses.items()
         }
         stage.scheduler = WindowScheduler(
-            stage.dataset.windows, list(cfg.harnesses), run_dir, growth_bounds=growth_bounds
+            stage.dataset.schedule(), list(cfg.harnesses), run_dir, growth_bounds=growth_bounds
         )
+        log_data_table(stage.dataset, run_dir)
         if "scheduler" in client_state:  # the cursor that belongs to the loaded checkpoint
             stage.scheduler.restore(client_state["scheduler"])
         lineage = BankLineage(run_dir, lambda name: stage.bank_readers[name]())
@@ -150,6 +152,20 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     trainer.sync_weights(stage.sync_receivers, version=start_step)
     torch.manual_seed(cfg.run.seed + start_step)
     return stage
+
+
+def log_data_table(datasets: Any, run_dir: Path) -> str:
+    """The reward-data statistics of what the stage trains on, one row per harness configuration in the
+    report's layout; logged at start-up and written to `<run>/data_stats.md`. Under the data.path
+    shorthand every row is the whole shared dataset (its sequences are split over the harnesses)."""
+    from data_pipeline.stats import REPORT_COLUMNS, format_table, of_tables
+
+    rows = [of_tables(h, d.tables) for h, d in datasets.by_harness.items()]
+    note = "\n\n(data.path shorthand: one dataset, sequences bound to harnesses round-robin)\n"
+    table = format_table(rows, REPORT_COLUMNS) + (note if datasets.round_robin else "\n")
+    (run_dir / "data_stats.md").write_text(table)
+    log.info("reward data per harness:\n%s", table)
+    return table
 
 
 def engine_model_cfg(cfg: StageConfig, model_cfg: Any, run_dir: Path) -> Any:

@@ -16,9 +16,12 @@ from reward.service import GroupResult, HarnessFactory, RewardService
 
 class HarnessRewards:
     def __init__(self, cfg: RewardConfig, reader_factories: dict[str, HarnessFactory], manifest: Any = None):
-        """`reader_factories`: harness name -> a picklable factory of a read-only harness."""
+        """`reader_factories`: harness name -> a picklable factory of a read-only harness. `manifest`: the
+        dataset manifest, or harness name -> the manifest of that harness's dataset (data.per_harness)."""
+        per = manifest if isinstance(manifest, dict) else dict.fromkeys(reader_factories, manifest)
         self.services = {
-            name: RewardService(cfg, factory, manifest=manifest) for name, factory in reader_factories.items()
+            name: RewardService(cfg, factory, manifest=per[name])
+            for name, factory in reader_factories.items()
         }
 
     def score_groups(self, groups: list[RolloutGroup]) -> list[GroupResult]:

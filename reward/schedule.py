@@ -56,3 +56,24 @@ def reconcile_schedule(
         raise ScheduleError(f"{where}: " + "; ".join(problems) + " (silent failure 4)")
     total = sum(weights.values())
     return {k: v / total for k, v in sorted(weights.items())}
+
+
+def reconcile_data(
+    per_harness: Mapping[str, object], declared: Iterable[str], *, where: str = "data.per_harness"
+) -> None:
+    """Check that the per-harness data covers exactly the declared harness configurations: a declared
+    harness with no dataset would never be scheduled, a dataset for an undeclared harness would never be
+    trained on, and neither may pass silently (silent failure 4). Raises naming every one."""
+    declared_set = set(declared)
+    no_data = sorted(declared_set - set(per_harness))
+    undeclared = sorted(set(per_harness) - declared_set)
+    empty = sorted(h for h, p in per_harness.items() if h in declared_set and isinstance(p, str) and not p)
+    problems = []
+    if no_data:
+        problems.append(f"declared harness(es) with no dataset: {no_data}")
+    if empty:
+        problems.append(f"empty dataset path for: {empty}")
+    if undeclared:
+        problems.append(f"dataset(s) for undeclared harness(es): {undeclared}")
+    if problems:
+        raise ScheduleError(f"{where}: " + "; ".join(problems) + " (silent failure 4)")

@@ -45,11 +45,9 @@ class WindowRollouts:
 
     def reward_group(self, dataset: Any) -> RolloutGroup:
         """What the reward service scores: the rollouts with the window's probes and ORM questions."""
-        w = self.window
+        w, ds = self.window, dataset.of(self.harness)  # the harness's own dataset (data.per_harness)
         records = [r.record for r in self.results]
-        return RolloutGroup(
-            w, self.harness, self.parent_size, records, dataset.probes_of(w), dataset.questions_of(w)
-        )
+        return RolloutGroup(w, self.harness, self.parent_size, records, ds.probes_of(w), ds.questions_of(w))
 
 
 def sum_rollout_metrics(groups: list[WindowRollouts]) -> dict[str, float]:
@@ -68,7 +66,7 @@ class RolloutCollector:
     def __init__(
         self,
         pool: RolloutPool | None,
-        dataset: Any,
+        dataset: Any,  # HarnessDatasets (or one BuiltDataset for every harness): `.of(harness)`
         lineage: BankLineage,
         run_dir: Path,
         *,
@@ -84,13 +82,21 @@ class RolloutCollector:
         """G rollouts per window, each from its own fork of the window's verified parent bank."""
         parents, tasks = [], []
         for sw in windows:
-            w = sw.window
-            parent = self.lineage.parent(w.sequence_id, sw.epoch, w.index)  # verified (silent failure 1)
-            parents.append(self.lineage.parent_size_tokens(w.sequence_id, sw.epoch, w.index))
-            chunks = self.dataset.chunks_of(w)
+            w, lid = sw.window, sw.lineage_id  # lineage id: names the harness under data.per_harness
+            parent = self.lineage.parent(lid, sw.epoch, w.index)  # verified (silent failure 1)
+            parents.append(self.lineage.parent_size_tokens(lid, sw.epoch, w.index))
+            chunks = self.dataset.of(sw.harness).chunks_of(w)
+            scope = sw.harness if sw.per_harness else ""
             for i in range(num_rollouts):
-                out = self.run_dir / "rollouts" / f"step_{step}" / w.window_id.replace("/", "_") / f"r{i}"
-                tasks.append(RolloutTask(w, chunks, i, sw.harness, parent, str(out), step))
+                out = (
+                    self.run_dir
+                    / "rollouts"
+                    / f"step_{step}"
+                    / scope
+                    / w.window_id.replace("/", "_")
+                    / f"r{i}"
+                )
+                tasks.append(RolloutTask(w, chunks, i, sw.harness, parent, str(out), step, scope))
         return self._grouped(windows, parents, self._run(tasks), num_rollouts)
 
     def collect_heldout(
@@ -113,7 +119,7 @@ class RolloutCollector:
         sw, rec = group.scheduled, group.results[rollout_index].record
         w = sw.window
         self.lineage.promote(
-            w.sequence_id, sw.epoch, w.index, rec.final_bank_dir, rec.trajectory_id, sw.harness,
+            sw.lineage_id, sw.epoch, w.index, rec.final_bank_dir, rec.trajectory_id, sw.harness,
             size_tokens=rec.chunks[-1].size_tokens or 0,
         )  # fmt: skip
 

@@ -29,6 +29,8 @@ class BankPersistenceError(RuntimeError):
 
 @dataclass
 class PromotedBank:
+    # the lineage id (rollout/scheduler.py: ScheduledWindow.lineage_id): the sequence id, prefixed by its
+    # harness ("mem0:locomo/conv-26") when sequences are scheduled per harness (data.per_harness)
     sequence_id: str
     epoch: int  # pass over the sequence (a new epoch restarts from an empty bank)
     window_index: int  # the window whose best rollout produced this bank
@@ -42,7 +44,9 @@ class PromotedBank:
 
 
 class BankLineage:
-    """Promoted banks per (sequence, epoch, window) in `<run_dir>/lineage.json` (atomic writes).
+    """Promoted banks per (lineage, epoch, window) in `<run_dir>/lineage.json` (atomic writes). The
+    `sequence_id` arguments are lineage ids: under data.per_harness they name the harness, so the same
+    sequence in Chat, Mem0 and MemOS is three lineages with three bank chains.
 
     Keyed by window, not "latest": a run killed after promoting window k but before its scheduler
     advanced redoes window k from window k-1's bank, exactly as the uninterrupted run did.
@@ -84,7 +88,9 @@ class BankLineage:
         harness: str,
         size_tokens: int = 0,
     ) -> PromotedBank:
-        dst = self.root / "banks" / sequence_id.replace("/", "_") / f"e{epoch}" / f"w{window_index:04d}"
+        # "<harness>:<sequence>" -> banks/<harness>/<sequence>/...
+        where = sequence_id.replace("/", "_").replace(":", "/", 1)
+        dst = self.root / "banks" / where / f"e{epoch}" / f"w{window_index:04d}"
         if dst.exists():  # a resumed run re-promotes the same window: replace it whole
             shutil.rmtree(dst)
         h = self.open_harness(harness)

@@ -65,6 +65,9 @@ class RolloutTask:
     parent_bank: str | None  # closed parent bank directory; None = start from an empty bank
     out_dir: str  # this rollout's directory (bank, snapshots, sandbox files)
     step: int = 0  # training step (part of the trajectory id)
+    # under data.per_harness the harness name (part of the trajectory id: the same window runs in several
+    # harnesses in one step); "" under the data.path shorthand (ids as before)
+    scope: str = ""
 
 
 @dataclass
@@ -77,7 +80,9 @@ class RolloutResult:
 
 def trajectory_id(task: RolloutTask) -> str:
     """URL-safe identity (it may appear in gateway paths)."""
-    return f"s{task.step}-{task.window.window_id}-r{task.rollout_index}".replace("/", "_").replace(":", "_")
+    scope = f"{task.scope}-" if task.scope else ""
+    tid = f"s{task.step}-{scope}{task.window.window_id}-r{task.rollout_index}"
+    return tid.replace("/", "_").replace(":", "_")
 
 
 def chunk_messages(chunk: Chunk) -> list[dict[str, str]]:

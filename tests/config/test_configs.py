@@ -119,7 +119,7 @@ ABLATION_KNOBS = {
     "no_growth_penalty": "reward.scoring.use_growth_penalty",
     "binary_reward": "reward.scoring.score_mode",
     "sft_init": "init_checkpoint",
-    "single_harness": "harnesses",
+    "single_harness": ("data.per_harness", "harnesses"),  # a harness is declared with its dataset
     "one_vote_loss": "trainer.loss.sequence_unit",
 }
 
@@ -130,9 +130,10 @@ def test_ablation_overlays_flip_one_knob():
     assert names == set(ABLATION_KNOBS), "every configs/exp/ablation_*.yaml is listed with its one knob"
     for name, knob in ABLATION_KNOBS.items():
         cfg = to_typed(compose("rl", [f"+exp=ablation_{name}"]), RlConfig)
-        diff = config_diff(base, cfg, atomic=("harnesses",))
+        diff = config_diff(base, cfg, atomic=("harnesses", "data.per_harness"))
         diff.pop("run.name"), diff.pop("run.output_dir")
-        assert list(diff) == [knob], f"ablation_{name} changes {sorted(diff)}, want only {knob}"
+        want = list(knob) if isinstance(knob, tuple) else [knob]
+        assert list(diff) == want, f"ablation_{name} changes {sorted(diff)}, want only {want}"
 
 
 def test_config_diff_names_each_changed_leaf():

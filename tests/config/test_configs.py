@@ -150,7 +150,6 @@ def test_run_seed_reaches_every_seed():
         assert (cfg.model.seed, cfg.engine.seed, cfg.gateway.seed, cfg.trainer.seed) == (5, 5, 5, 5)
 
 
-
 def test_full_size_recipe_numbers():
     opd = to_typed(compose("opd", ["+exp=hy_memory_opd"]), OpdConfig)
     assert opd.opd.teacher_top_k == 50 and opd.opd.num_rollouts_per_row == 2

@@ -10,6 +10,16 @@ different chunks; each gold fact carries its source chunk and its atomic answer 
 are single spans, so built datasets declare `answers_atomic=True` (the reward's exact-match scorer
 may be used on them).
 
+Three episode kinds, mixed over the sequences by `SyntheticConfig.mix` (default: chat alone, so the
+demo's data is byte-identical to the generator before the other kinds existed):
+- chat: the conversations above (the report's Chat / Mem0 / MemOS scenes);
+- working: a user asks an agent to do things in a project; the agent's tool calls return results that
+  carry the facts (a deployment's host, a ticket id, a config port), some later changed by another tool
+  call (Transition); transient tool output (a CPU reading, the time) is the trap (the Working scene);
+- coding: a user asks for edits in a repository; the agent's unified diffs carry the facts (a renamed
+  function, a changed constant, a version pin), a later diff changing them again; transient command
+  output (a test run, `git status`) is the trap (the Coding scene).
+
 Deterministic: the same (seed, config) always gives byte-identical records.
 """
 
@@ -119,6 +129,10 @@ class SyntheticConfig:
     # learn a name's values and has to copy them from the chunk (the CPU demo's training data)
     unique_person_names: bool = True
     start_date: str = "2023-01-02"  # date of the first session (ISO)
+    # shares of the episode kinds over the sequences: chat | working | coding (see top); {} = chat alone
+    # (empty, not {chat: 1}: Hydra merges a given mix into the default's keys). Sequence n's kind is fixed
+    # by the shares (largest remainder) and the seed, never by the other kinds' random draws
+    mix: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -364,8 +378,8 @@ def _eval_items(
 
 def generate(cfg: SyntheticConfig) -> SyntheticData:
     out = SyntheticData()
-    for n in range(cfg.num_sequences):
-        one = generate_sequence(cfg, n)
+    for n, kind in enumerate(sequence_kinds(cfg)):
+        one = generate_sequence(cfg, n) if kind == "chat" else generate_agent_sequence(cfg, n, SCENES[kind])
         for name, rows in one.tables().items():
             out.tables()[name].extend(rows)
     return out
@@ -442,3 +456,259 @@ def pretraining_documents(
                 episodes.append("\n".join(lines) + "\nFacts: " + "; ".join(facts))
         docs.append("\n".join(episodes))
     return docs
+
+
+# ---- working (tool calls) and coding (diffs) episodes ----
+
+
+@dataclass(frozen=True)
+class AgentSlot:
+    """One fact of a project an agent's tool call or edit reveals: how it is asked for, carried, stored,
+    probed and (maybe) changed. Templates take {p} (the project), {v} (the value), {old} (the value it
+    replaces: `initial` before the first statement)."""
+
+    name: str
+    kind: ProbeKind
+    values: tuple[str, ...]
+    request: str  # the user's request
+    call: str  # the agent's turn: a tool call, or an edit with its unified diff
+    result: str  # the tool's turn: its result
+    fact: str  # atomic fact
+    ask: str  # probe question ({p})
+    noun: str  # what a wrong answer would name, for the rubric
+    fact_turn: str = "tool"  # which turn carries the fact: "tool" (the result) or "assistant" (the diff)
+    initial: str = ""  # the value before the first statement (the diff's "-" line)
+    update_request: str = ""  # "" = never changed
+    update_fact: str = ""
+
+
+def _diff(path: str, before: str, after: str, context: str) -> str:
+    return (
+        f"Editing {path}:\n```diff\n--- a/{path}\n+++ b/{path}\n@@ -10,3 +10,3 @@\n {context}\n"
+        f"-{before}\n+{after}\n```"
+    )
+
+
+WORKING_SLOTS = (
+    AgentSlot("host", ProbeKind.PLAIN_RECALL, ("web-01", "web-07", "web-12", "web-23", "web-31"),
+              "Deploy {p} to staging, please.", 'deploy(service="{p}", env="staging")',
+              '{{"status": "ok", "host": "{v}"}}', "{p}'s staging deployment runs on host {v}",
+              "Which host does {p}'s staging deployment run on?", "staging host",
+              update_request="Move {p}'s staging deployment to a fresh host.",
+              update_fact="{p}'s staging deployment moved to host {v}"),
+    AgentSlot("ticket", ProbeKind.PLAIN_RECALL, ("BUG-101", "BUG-217", "BUG-342", "BUG-480", "BUG-555"),
+              "Open a ticket for the {p} login bug.", 'create_ticket(project="{p}", title="login bug")',
+              '{{"ticket": "{v}"}}', "The {p} login bug is tracked as ticket {v}",
+              "Which ticket tracks the {p} login bug?", "ticket id"),
+    AgentSlot("port", ProbeKind.SPECIFICITY, ("5432", "5433", "6432", "15432", "25060"),
+              "Which port does the {p} database use? Check its config.", 'read_file("{p}/db.yaml")',
+              "host: db.internal\nport: {v}", "{p}'s database listens on port {v}",
+              "Which port does {p}'s database listen on?", "database port",
+              update_request="Switch the {p} database to a new port.",
+              update_fact="{p}'s database now listens on port {v}"),
+    AgentSlot("owner", ProbeKind.MINOR_DIMENSION, ("Priya", "Marco", "Yuki", "Omar", "Greta"),
+              "Who is on call for {p} this quarter?", 'lookup_oncall(service="{p}")',
+              '{{"owner": "{v}"}}', "{v} is {p}'s on-call owner", "Who is {p}'s on-call owner?",
+              "on-call owner", update_request="Hand {p}'s on-call over to someone else.",
+              update_fact="{p}'s on-call owner changed to {v}"),
+    AgentSlot("room", ProbeKind.SEMANTIC_PRECISION, ("Orion", "Vega", "Lyra", "Nova", "Castor"),
+              "Book a room for the {p} weekly sync.", 'book_room(meeting="{p} weekly sync")',
+              '{{"room": "{v}", "recurring": true}}', "{p}'s weekly sync meets in room {v}",
+              "Which room does {p}'s weekly sync meet in?", "room"),
+    AgentSlot("region", ProbeKind.PLAIN_RECALL, ("eu-west-1", "us-east-2", "ap-south-1", "eu-north-1"),
+              "Create the {p} storage bucket.", 'create_bucket(project="{p}")',
+              '{{"bucket": "{p}-data", "region": "{v}"}}', "{p}'s storage bucket is in region {v}",
+              "Which region is {p}'s storage bucket in?", "region"),
+)  # fmt: skip
+
+CODING_SLOTS = (
+    AgentSlot("retries", ProbeKind.SPECIFICITY, ("5", "7", "10", "2", "4"),
+              "Change the retry limit in {p}.", _diff("{p}/config.py", "MAX_RETRIES = {old}",
+              "MAX_RETRIES = {v}", 'LOG_FORMAT = "json"'), "apply_patch: 1 file changed",
+              "MAX_RETRIES in {p}/config.py is {v}", "What is MAX_RETRIES set to in {p}/config.py?",
+              "MAX_RETRIES value", "assistant", "3", "Change the retry limit in {p} again.",
+              "MAX_RETRIES in {p}/config.py was changed to {v}"),
+    AgentSlot("rename", ProbeKind.SPECIFICITY,
+              ("fetch_account", "get_member", "read_profile", "lookup_user", "resolve_user"),
+              "Give load_user in {p}/api.py a clearer name.", _diff("{p}/api.py", "def {old}(uid):",
+              "def {v}(uid):", "@router.get('/users/{{uid}}')"), "apply_patch: 1 file changed",
+              "load_user in {p}/api.py was renamed to {v}",
+              "What is the function load_user in {p}/api.py called now?", "function name", "assistant",
+              "load_user"),
+    AgentSlot("port", ProbeKind.PLAIN_RECALL, ("8080", "9000", "8443", "5000", "7070"),
+              "Make {p}'s server listen on another port.", _diff("{p}/server.py", "PORT = {old}",
+              "PORT = {v}", "HOST = '0.0.0.0'"), "apply_patch: 1 file changed",
+              "{p}'s server listens on port {v}", "Which port does {p}'s server listen on?", "server port",
+              "assistant", "8000", "Move {p}'s server to yet another port.",
+              "{p}'s server now listens on port {v}"),
+    AgentSlot("pin", ProbeKind.SPECIFICITY, ("2.31.0", "2.32.3", "2.30.0", "2.29.0"),
+              "Bump the requests pin in {p}.", _diff("{p}/requirements.txt", "requests=={old}",
+              "requests=={v}", "numpy==1.26.4"), "apply_patch: 1 file changed",
+              "{p} pins requests to version {v}", "Which requests version does {p} pin?", "requests version",
+              "assistant", "2.28.0"),
+    AgentSlot("timeout", ProbeKind.MINOR_DIMENSION, ("45", "60", "90", "120", "15"),
+              "Adjust the HTTP timeout in {p}/client.py.", _diff("{p}/client.py", "TIMEOUT_S = {old}",
+              "TIMEOUT_S = {v}", "USER_AGENT = 'svc'"), "apply_patch: 1 file changed",
+              "The HTTP timeout in {p}/client.py is {v} seconds",
+              "What is the HTTP timeout in {p}/client.py, in seconds?", "timeout", "assistant", "30",
+              "Adjust the HTTP timeout in {p}/client.py once more.",
+              "The HTTP timeout in {p}/client.py was changed to {v} seconds"),
+    AgentSlot("level", ProbeKind.SEMANTIC_PRECISION, ("DEBUG", "WARNING", "ERROR", "CRITICAL"),
+              "Change the log level of {p}.", _diff("{p}/logging.py", 'LEVEL = "{old}"', 'LEVEL = "{v}"',
+              "import logging"), "apply_patch: 1 file changed", "{p}'s log level is {v}",
+              "What log level does {p} use?", "log level", "assistant", "INFO"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scene:
+    name: str
+    projects: tuple[str, ...]
+    slots: tuple[AgentSlot, ...]
+    # transient tool output: (request, call, result with {v}, values, trap question about a lasting setting)
+    transient: tuple[tuple[str, str, str, tuple[str, ...], str], ...]
+    opening: tuple[str, ...]
+    closing: tuple[str, ...]
+
+
+SCENES = {
+    "working": Scene(
+        "working", ("Atlas", "Borealis", "Cobalt", "Dynamo", "Ember", "Falcon"), WORKING_SLOTS,
+        (("How is {p} doing right now?", 'check_status(service="{p}")', '{{"cpu": "{v}", "as_of": "now"}}',
+          ("41%", "77%", "12%", "93%"), "What CPU limit is configured for {p}?"),
+         ("What time is it on the {p} box?", 'run("date", host="{p}")', "{v} UTC",
+          ("14:32", "09:05", "17:48"), "At what time does {p}'s nightly job run?"),
+         ("How long is the {p} job queue?", 'queue_length(service="{p}")', '{{"waiting": {v}}}',
+          ("3", "17", "42"), "What is the maximum queue size configured for {p}?")),
+        ("New task on {p}.", "Picking {p} back up.", "Another {p} request."),
+        ("Done.", "All set.", "That is taken care of."),
+    ),
+    "coding": Scene(
+        "coding", ("payments", "search", "ledger", "gateway", "inventory", "notify"), CODING_SLOTS,
+        (("Run the {p} tests.", 'run("pytest -q", cwd="{p}")', "{v} passed in 3.2s", ("12", "48", "97"),
+          "How many tests must pass before {p} can be released?"),
+         ("What is the state of the {p} checkout?", 'run("git status", cwd="{p}")',
+          "On branch {v}, 2 files changed", ("wip-xyz", "scratch", "tmp-fix"), "What is {p}'s release branch?"),
+         ("How big is the {p} build?", 'run("du -sh build/", cwd="{p}")', "{v}\tbuild/",
+          ("12M", "340K", "1.1G"), "What is the size limit for {p}'s build?")),
+        ("Let's work on {p}.", "Back to the {p} repo.", "One more change in {p}."),
+        ("Pushed.", "The tests still pass.", "Done, ready for review."),
+    ),
+}  # fmt: skip
+EPISODE_KINDS = ("chat", *SCENES)
+
+
+def sequence_kinds(cfg: SyntheticConfig) -> list[str]:
+    """The episode kind of each sequence: the mix's shares by largest remainder, placed by a shuffle of
+    its own seed (chat alone draws nothing, so the chat data is what it was before the other kinds)."""
+    mix = dict(cfg.mix) or {"chat": 1.0}
+    unknown = sorted(set(mix) - set(EPISODE_KINDS))
+    if unknown or min(mix.values()) < 0 or sum(mix.values()) <= 0:
+        raise ValueError(f"synthetic.mix: shares >= 0 (sum > 0) of {list(EPISODE_KINDS)}, got {mix}")
+    total, n = sum(mix.values()), cfg.num_sequences
+    kinds = [k for k in EPISODE_KINDS if mix.get(k, 0) > 0]
+    exact = {k: mix[k] / total * n for k in kinds}
+    count = {k: int(exact[k]) for k in kinds}
+    for k in sorted(kinds, key=lambda k: (count[k] - exact[k], EPISODE_KINDS.index(k)))[
+        : n - sum(count.values())
+    ]:
+        count[k] += 1
+    out = [k for k in kinds for _ in range(count[k])]
+    if len(kinds) > 1:
+        random.Random(f"hymem-synth-mix:{cfg.seed}").shuffle(out)
+    return out
+
+
+def generate_agent_sequence(cfg: SyntheticConfig, n: int, scene: Scene) -> SyntheticData:
+    """A working or coding sequence: one session per chunk, in which the user asks for 1-2 things, the
+    agent calls a tool or edits a file, and the turn that carries each fact is its gold evidence."""
+    rng = random.Random(f"hymem-synth-{scene.name}:{cfg.seed}:{n}")
+    project = scene.projects[n % len(scene.projects)]
+    if n >= len(scene.projects) and cfg.unique_person_names:
+        project += f"-{n // len(scene.projects)}"
+    seq_id = f"synth/{cfg.seed}/{n:04d}"
+    start = dt.date.fromisoformat(cfg.start_date)
+    out = SyntheticData()
+    stated: dict[str, _Stated] = {}
+    history: list[_Stated] = []
+    free = list(scene.slots)
+    rng.shuffle(free)
+    sessions: list[Session] = []
+    per_chunk: list[dict] = []
+    for t in range(cfg.num_chunks_per_sequence):
+        turns: list[Turn] = []
+        probes: list[tuple[ProbeKind, str, str, str, bool, list[str]]] = []
+        facts: list[Fact] = []
+
+        def say(speaker: str, text: str, _t: int = t, _turns: list[Turn] = turns) -> str:
+            _turns.append(Turn(turn_id=f"D{_t + 1}:{len(_turns) + 1}", speaker=speaker, text=text))
+            return _turns[-1].turn_id
+
+        def state(slot: AgentSlot, value: str, old: str, update: bool, _t: int = t, _f: list = facts) -> Fact:
+            p = project
+            say("user", (slot.update_request if update else slot.request).format(p=p))
+            ids = {"assistant": say("assistant", slot.call.format(p=p, v=value, old=old))}
+            ids["tool"] = say("tool", slot.result.format(p=p, v=value, old=old))
+            text = (slot.update_fact if update else slot.fact).format(p=p, v=value)
+            prev = stated[slot.name].fact.fact_id if update else ""
+            _f.append(Fact(fact_id(seq_id, _t, len(_f)), seq_id, _t, text, [ids[slot.fact_turn]], prev))
+            return _f[-1]
+
+        say("user", rng.choice(scene.opening).format(p=project))
+        changeable = [s for s in stated.values() if s.slot.update_request and s.current]
+        num_new = 1 + (rng.random() < cfg.second_fact_prob)
+        if t >= 2 and changeable and rng.random() < cfg.update_prob:
+            old = rng.choice(sorted(changeable, key=lambda s: s.slot.name))
+            used = {h.value for h in history if h.slot.name == old.slot.name}
+            value = rng.choice(
+                [v for v in old.slot.values if v not in used]
+                or [v for v in old.slot.values if v != old.value]
+            )
+            f = state(old.slot, value, old.value, True)
+            old.current = False
+            stated[old.slot.name] = _Stated(f, old.slot, value)  # type: ignore[arg-type]
+            history.append(stated[old.slot.name])
+            rubric = _rubric_transition(old.slot.noun, value, old.value)
+            probes.append(
+                (ProbeKind.TRANSITION, old.slot.ask.format(p=project), value, rubric, False, [f.fact_id])
+            )
+            num_new -= 1
+        for _ in range(num_new):
+            if not free:
+                break
+            slot = free.pop()
+            value = rng.choice(slot.values)
+            f = state(slot, value, slot.initial, False)
+            stated[slot.name] = _Stated(f, slot, value)  # type: ignore[arg-type]
+            history.append(stated[slot.name])
+            rubric = _rubric_exact(slot.noun, value)
+            probes.append((slot.kind, slot.ask.format(p=project), value, rubric, False, [f.fact_id]))
+        if rng.random() < cfg.chitchat_prob:
+            request, call, result, values, trap_q = rng.choice(scene.transient)
+            say("user", request.format(p=project))
+            say("assistant", call.format(p=project))
+            say("tool", result.format(p=project, v=rng.choice(values)))
+            rubric = (
+                f"No such setting of {project} was ever recorded; only a passing tool output exists. Full "
+                "credit only if the answer says there is no such record; 0 if it names anything."
+            )
+            probes.append(
+                (ProbeKind.SHOULD_NOT_STORE, trap_q.format(p=project), NO_SUCH_RECORD, rubric, True, [])
+            )
+        say("assistant", rng.choice(scene.closing))
+        date = (start + dt.timedelta(days=7 * t)).isoformat()
+        sessions.append(Session(session_id=f"session_{t + 1}", date=date, turns=turns))
+        per_chunk.append({"facts": facts, "probes": probes})
+
+    seq = Sequence(seq_id, f"synthetic_{scene.name}", sessions, speakers=["user", "assistant", "tool"])
+    out.sequences.append(seq)
+    chunking = ChunkingConfig(mode="session", num_chunks_per_window=cfg.num_chunks_per_window)
+    out.chunks = chunk_sequence(seq, chunking)
+    out.windows = build_windows(out.chunks, cfg.num_chunks_per_window)
+    for t, pc in enumerate(per_chunk):
+        out.facts += pc["facts"]
+        for k, (kind, q, ref, rubric, trap, fids) in enumerate(pc["probes"]):
+            out.probes.append(Probe(probe_id(seq_id, t, k), seq_id, t, kind, q, ref, rubric, trap, fids))
+    out.orm_questions = _orm_questions(cfg, rng, seq_id, project, out.windows, history)
+    out.eval_items = _eval_items(seq, project, stated, out.probes)
+    return out

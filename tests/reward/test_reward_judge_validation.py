@@ -118,7 +118,7 @@ def test_judge_faults_are_excluded_not_scored(data):
     assert report["mean_score_by_answer"]["reference"] == 1.0
 
 
-def test_build_with_judge_validation_writes_the_report(tmp_path):
+def test_build_with_judge_validation_writes_the_report(tmp_path, capsys):
     """`python -m reward.judge_validation` = the data build with this judge passed in; the plain data
     build (which does not import reward) refuses judge_validation.enabled=true before any work."""
     from data_pipeline.build import main as build_main
@@ -128,8 +128,11 @@ def test_build_with_judge_validation_writes_the_report(tmp_path):
     with StandInServer(scripted_judge()) as srv:
         over = ["data.synthetic.num_sequences=3", "judge_validation.enabled=true"]
         over += [f"judge_validation.base_url={srv.base_url}", "judge_validation.model=judge"]
+        # one line and exit 2 (the build's user errors); --debug raises the ConfigError itself
+        assert build_main([f"out_dir={tmp_path / 'plain'}", *over]) == 2
+        assert "python -m reward.judge_validation" in capsys.readouterr().err
         with pytest.raises(ConfigError, match="python -m reward.judge_validation"):
-            build_main([f"out_dir={tmp_path / 'plain'}", *over])
+            build_main([f"out_dir={tmp_path / 'plain'}", *over, "--debug"])
         assert not srv.requests and not (tmp_path / "plain").exists()
         assert main([f"out_dir={tmp_path / 'judged'}", *over, "judge_validation.num_items=10"]) == 0
     root = tmp_path / "judged" / "hy_memory"

@@ -50,8 +50,11 @@ def discover(root: Path, config_dir: Path | None = None) -> list[Ablation]:
     out = [Ablation(BASELINE, "", [])]
     for p in sorted((cdir / "exp").glob("ablation_*.yaml")):
         name = p.stem.removeprefix("ablation_")
-        diff = config_diff(base, to_typed(compose("rl", [f"+exp={p.stem}"]), RlConfig), atomic=("harnesses",))
+        cfg = to_typed(compose("rl", [f"+exp={p.stem}"]), RlConfig)
+        diff = config_diff(base, cfg, atomic=("harnesses", "data.per_harness"))
         diff = {k: v for k, v in diff.items() if not k.startswith("run.")}
+        if set(diff) == {"harnesses", "data.per_harness"}:  # a harness is declared with its dataset
+            diff = {"harnesses": diff["harnesses"]}
         if len(diff) != 1:
             raise ValueError(f"{p}: an ablation overlay changes one knob; this one changes {sorted(diff)}")
         [(knob, (_, value))] = diff.items()

@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zero-stage", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--matmul-n", type=int, default=None, help="peak matmul size (CPU 1024, GPU 8192)")
-    ap.add_argument("--profile", action="store_true", help="torch.profiler over one more step of the first config")
+    ap.add_argument(
+        "--profile", action="store_true", help="torch.profiler over one more step of the first config"
+    )
     ap.add_argument("--profile-rows", type=int, default=15)
     args = ap.parse_args(argv)
     if args.micro:
@@ -124,8 +126,20 @@ def main(argv: list[str] | None = None) -> None:
 
     experts = args.experts or lib.available_experts_implementations()
     gcs = [g == "on" for g in args.grad_ckpt]
+    row = max(int(mb.input_ids_1T.shape[1]) for mb in micro_batches)
+    limit = torch.cuda.mem_get_info()[0] / 2 if gpu else 8 * 2**30
+    skip = {"batched_mm": why} if (why := lib.batched_mm_skip_reason(config, row, dtype, limit)) else {}
     results = lib.measure_configs(
-        model, step, micro_batches, experts, gcs, args.warmup, args.steps, device, log=lambda *_: None
+        model,
+        step,
+        micro_batches,
+        experts,
+        gcs,
+        args.warmup,
+        args.steps,
+        device,
+        log=lambda *_: None,
+        skip=skip,
     )
     peak1 = lib.matmul_peak(device, dtype, matmul_n)
     peak = max(peak0, peak1)
@@ -163,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         gc = "on" if r.grad_ckpt else "off"
         if r.error:
-            print(f"| {r.experts} | {gc} | unavailable on {device.type}: {r.error} |")
+            what = r.error if r.error.startswith("skipped") else f"unavailable on {device.type}: {r.error}"
+            print(f"| {r.experts} | {gc} | {what} |")
             continue
         s = r.median
         mfu = fl.total / s / peak
@@ -193,7 +208,9 @@ def main(argv: list[str] | None = None) -> None:
             step(micro_batches)
             lib.sync(device)
         sort = "self_cuda_time_total" if gpu else "self_cpu_time_total"
-        print(f"\nprofile of one step ({first.experts}, grad ckpt {'on' if first.grad_ckpt else 'off'}), by {sort}:")
+        print(
+            f"\nprofile of one step ({first.experts}, grad ckpt {'on' if first.grad_ckpt else 'off'}), by {sort}:"
+        )
         print(prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows, max_name_column_width=48))
     trainer.close()
     print(f"total benchmark time {time.perf_counter() - t_start:.0f} s")

@@ -61,7 +61,7 @@ def make_step_items(
     while total < num_tokens:
         P, R = lengths[i % len(lengths)]
         rem = num_tokens - total
-        if P + R > rem:  # the last segment fills the budget exactly
+        if rem < P + R:  # the last segment fills the budget exactly
             R = min(R, max(rem // 4, 1))
             P = max(rem - R, 1)
         T = P + R
@@ -186,10 +186,20 @@ def available_experts_implementations() -> list[str]:
     try:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-        names += sorted(k for k in ALL_EXPERTS_FUNCTIONS.keys() if k not in names)
+        names += sorted(k for k in ALL_EXPERTS_FUNCTIONS.keys() if k not in names)  # noqa: SIM118
     except ImportError:
         pass
     return names
+
+
+def batched_mm_skip_reason(config, row_tokens: int, dtype: torch.dtype, limit_bytes: float) -> str | None:
+    """batched_mm gathers each (token, expert) pair's full expert weights (gate_up + down) before its
+    bmm: row_tokens * top_k * 3 * H * I elements. Say so instead of running out of memory."""
+    n = row_tokens * config.num_experts_per_tok * 3 * config.hidden_size * config.moe_intermediate_size
+    need = n * torch.empty(0, dtype=dtype).element_size()
+    if need > limit_bytes:
+        return f"skipped: would gather {need / 2**30:,.0f} GiB of expert weights per layer (limit {limit_bytes / 2**30:,.0f} GiB)"
+    return None
 
 
 def set_gradient_checkpointing(model, on: bool) -> None:
@@ -232,7 +242,11 @@ class PlainStep:
         total = 0.0
         for mb in micro_batches:
             dev = mb.to(self.device)
-            ctx = self.routing.replay(dev.routes_1TLE) if dev.routes_1TLE is not None else contextlib.nullcontext()
+            ctx = (
+                self.routing.replay(dev.routes_1TLE)
+                if dev.routes_1TLE is not None
+                else contextlib.nullcontext()
+            )
             with ctx:
                 loss, _ = self.policy(dev)
                 loss.backward()
@@ -267,13 +281,14 @@ def measure_configs(
     steps: int,
     device,
     log=print,
+    skip: dict[str, str] | None = None,
 ) -> list[ConfigResult]:
     """Time `step_fn(micro_batches)` for every (experts, checkpointing) pair on the same live model,
     round-robin (warm-up rounds first, not timed) so machine noise hits every config alike."""
     results: list[ConfigResult] = []
     runnable = []
     for impl in experts:
-        why = set_experts(model, impl)
+        why = (skip or {}).get(impl) or set_experts(model, impl)
         for gc in grad_ckpt:
             results.append(ConfigResult(impl, gc, [], error=why))
             if why is None:
@@ -300,5 +315,7 @@ def measure_configs(
                 res.peak_memory_bytes = max(res.peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
             if r >= warmup:
                 res.seconds.append(dt)
-            log(f"  round {r}{' (warm-up)' if r < warmup else ''}: {res.experts}, ckpt {'on' if res.grad_ckpt else 'off'}: {dt:.3f} s")
+            log(
+                f"  round {r}{' (warm-up)' if r < warmup else ''}: {res.experts}, ckpt {'on' if res.grad_ckpt else 'off'}: {dt:.3f} s"
+            )
     return results

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--matmul-n", type=int, default=None, help="peak matmul size (CPU 1024, GPU 8192)")
     ap.add_argument(
-        "--profile", action="store_true", help="torch.profiler over one more step of the first config"
+        "--profile", action="store_true", help="torch.profiler over one more step of the fastest config"
     )
     ap.add_argument("--profile-rows", type=int, default=15)
     args = ap.parse_args(argv)
@@ -200,18 +200,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile and best is not None:
         from torch.profiler import ProfilerActivity, profile
 
-        first = next(r for r in results if not r.error)
-        lib.set_experts(model, first.experts)
-        lib.set_gradient_checkpointing(model, first.grad_ckpt)
+        lib.set_experts(model, best.experts)  # the fastest config: what is left to gain there
+        lib.set_gradient_checkpointing(model, best.grad_ckpt)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, record_shapes=True) as prof:
             step(micro_batches)
             lib.sync(device)
         sort = "self_cuda_time_total" if gpu else "self_cpu_time_total"
+        what = f"{best.experts}, grad ckpt {'on' if best.grad_ckpt else 'off'}"
+        print(f"\nprofile of one step ({what}), top ops by {sort}:")
+        print(prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows, max_name_column_width=40))
+        print(f"the same, by op and input shapes (top {args.profile_rows}):")
         print(
-            f"\nprofile of one step ({first.experts}, grad ckpt {'on' if first.grad_ckpt else 'off'}), by {sort}:"
+            prof.key_averages(group_by_input_shape=True).table(
+                sort_by=sort,
+                row_limit=args.profile_rows,
+                max_name_column_width=32,
+                max_shapes_column_width=70,
+            )
         )
-        print(prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows, max_name_column_width=48))
     trainer.close()
     print(f"total benchmark time {time.perf_counter() - t_start:.0f} s")
 

@@ -164,7 +164,10 @@ def experts_modules(model) -> list:
 def set_experts(model, impl: str) -> str | None:
     """Switch every HYV3Experts to `impl`; None if it ran a probe forward+backward here, else why not."""
     try:
-        model.set_experts_implementation(impl)
+        if hasattr(model, "set_experts_implementation"):
+            model.set_experts_implementation(impl)
+        else:  # an older transformers: the experts forward reads the config at call time
+            model.config._experts_implementation = impl
         if model.config._experts_implementation != impl:
             return f"transformers picked {model.config._experts_implementation!r} instead"
         ex = experts_modules(model)[0]

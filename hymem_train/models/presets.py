@@ -49,6 +49,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_position_embeddings=262_144,
         mlp_layer_types=["sparse"] * 48,
     ),
+    # Training-step benchmark on one GPU (benchmarks/bench_train_step.py --gpu, scripts/device_check.sh):
+    # the report's layer shape (hidden 2048, 32 q / 4 kv heads of 128, experts of 768, top-8 + 1
+    # shared, vocab 120,832) at 12 layers and 64 experts, so ~1B parameters are active per token.
+    # count_params: total 4.40B, active 1.23B, active non-embedding 0.99B (what the FLOP count uses).
+    "bench_1b_active": dict(
+        num_hidden_layers=12,
+        hidden_size=2048,
+        num_experts=64,
+        num_experts_per_tok=8,
+        num_shared_experts=1,
+        moe_intermediate_size=768,
+        intermediate_size=6144,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=120_832,
+        max_position_embeddings=262_144,
+        mlp_layer_types=["sparse"] * 12,
+    ),
     # Demo teacher: the SFT'd model OPD distils from.
     "tiny_teacher": dict(
         num_hidden_layers=4,

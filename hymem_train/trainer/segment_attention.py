@@ -44,17 +44,16 @@ def segment_sdpa_attention(
             f"attention '{NAME}': want one packed row of {cu[-1]} tokens, got {tuple(query_BHTD.shape)}"
         )
     gqa = query_BHTD.shape[1] != key_BHTD.shape[1]
+    # split, not slicing: the backward of each slice `x[:, :, s:e]` zero-fills a full-row gradient
+    # and adds into it (n_segments x T work per tensor, the top cost of a CPU step in
+    # docs/performance.md); split's backward is one cat of the per-segment gradients.
+    lengths = [int(e) - int(s) for s, e in zip(cu[:-1], cu[1:], strict=True)]
+    parts = zip(*(x.split(lengths, dim=2) for x in (query_BHTD, key_BHTD, value_BHTD)), strict=True)
     outs = []
-    for s, e in zip(cu[:-1], cu[1:], strict=True):
+    for q, k, v in parts:
         outs.append(
             F.scaled_dot_product_attention(
-                query_BHTD[:, :, s:e],
-                key_BHTD[:, :, s:e],
-                value_BHTD[:, :, s:e],
-                dropout_p=dropout,
-                is_causal=True,
-                scale=scaling,
-                enable_gqa=gqa,
+                q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
             )
         )
     out_BHTD = torch.cat(outs, dim=2)

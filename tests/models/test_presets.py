@@ -32,7 +32,17 @@ def test_30b_is_30b_total_3b_active_without_allocation():
     assert count_params_meta(c) == counts.total
 
 
-@pytest.mark.parametrize("name", [n for n in PRESETS if n != "hy_memory_30b_a3b"])
+def test_bench_1b_active_is_1b_active_without_allocation():
+    c = make_config("bench_1b_active")
+    counts = count_params(c)
+    assert 0.9e9 < counts.active_non_embedding < 1.1e9, counts  # what the benchmark's FLOP count uses
+    assert count_params_meta(c) == counts.total
+
+
+LARGE = ("hy_memory_30b_a3b", "bench_1b_active")  # meta device only here (4.4B+ parameters)
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if n not in LARGE])
 def test_tiny_presets_build_and_count(name):
     c = make_config(name)
     m = build_model(c, seed=1)

@@ -45,7 +45,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(  # silent failure 1: every window starts from an empty bank
         "failure1_parent_bank_none",
         "hymem_train/rollout/collector.py",
-        "parent = self.lineage.parent(w.sequence_id, sw.epoch, w.index)",
+        "parent = self.lineage.parent(lid, sw.epoch, w.index)",
         "parent = None",
         ("tests/rollout/test_collector.py::test_next_window_starts_from_the_promoted_bank",),
     ),

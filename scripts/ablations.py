@@ -1,6 +1,6 @@
 """`make ablations`: the ablation table at tiny scale on CPU, from `make demo`'s OPD checkpoint.
 
-    .venv/bin/python scripts/ablations.py                       # 3 seeds x 4 RL steps per ablation
+    .venv/bin/python scripts/ablations.py                       # 3 seeds x 2 RL steps per ablation (~30 min)
     .venv/bin/python scripts/ablations.py --full                # 3 seeds x 24 steps (the demo's RL length)
     .venv/bin/python scripts/ablations.py --only baseline no_traps --seeds 2
 
@@ -26,9 +26,9 @@ if __name__ == "__main__":
     ap.add_argument("--table", default="docs/ablations.md")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument(
-        "--steps", type=int, default=4, help="RL steps per run (held-out evaluation at 0 and the last)"
+        "--steps", type=int, default=2, help="RL steps per run (held-out evaluation at 0 and the last)"
     )
-    ap.add_argument("--eval-rollouts", type=int, default=2)
+    ap.add_argument("--eval-rollouts", type=int, default=1, help="rollouts per held-out first window")
     ap.add_argument(
         "--full", action="store_true", help="24 steps and 4 evaluation rollouts, as the demo's RL"
     )

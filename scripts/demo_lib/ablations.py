@@ -72,8 +72,8 @@ def run_table(
     out: Path,
     *,
     seeds: int = 3,
-    steps: int = 4,
-    eval_rollouts: int = 2,
+    steps: int = 2,
+    eval_rollouts: int = 1,
     only: list[str] | None = None,
     extra: list[str] | None = None,
 ) -> list[Ablation]:

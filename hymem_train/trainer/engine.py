@@ -27,6 +27,14 @@ from hymem_train.trainer.policy import PolicyLoss
 log = logging.getLogger(__name__)
 
 
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def init_distributed() -> tuple[int, int]:
     """Start torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPU); returns (rank, world)."""
     if not torch.cuda.is_available():
@@ -36,7 +44,9 @@ def init_distributed() -> tuple[int, int]:
     if "RANK" not in os.environ:  # single process without torchrun
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        # a port the OS says is free: a pid-derived one collided with another job's (EADDRINUSE, seen
+        # in a test run while stage runs went on beside it)
+        os.environ.setdefault("MASTER_PORT", str(_free_port(os.environ["MASTER_ADDR"])))
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 

@@ -63,7 +63,8 @@ def discover(root: Path, config_dir: Path | None = None) -> list[Ablation]:
         elif knob == "harnesses":
             out.append(Ablation(name, knob, [], skip_reason="the tiny recipe trains in one harness (native)"))
         else:
-            out.append(Ablation(name, knob, [f"{knob}={_fmt(value)}"]))
+            # ++: the knob may be absent from the YAML (a schema default), where a plain override fails
+            out.append(Ablation(name, knob, [f"++{knob}={_fmt(value)}"]))
     return out
 
 

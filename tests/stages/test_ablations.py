@@ -13,10 +13,12 @@ def test_discover_translates_each_overlay_to_the_tiny_recipe(tmp_path):
 
     table = {a.name: a for a in discover(tmp_path)}
     assert table["baseline"].overrides == []
-    assert table["no_traps"].overrides == ["reward.scoring.use_traps=false"]
-    assert table["window_level_grpo"].overrides == ["reward.scoring.advantage_level=window"]
+    assert table["no_traps"].overrides == ["++reward.scoring.use_traps=false"]
+    assert table["window_level_grpo"].overrides == ["++reward.scoring.advantage_level=window"]
     assert table["sft_init"].overrides == [f"init_checkpoint={tmp_path}/student_init/final"]
     assert table["single_harness"].skip_reason and not table["single_harness"].overrides
+    # a knob absent from every YAML (a schema default) still applies
+    assert table["one_vote_loss"].overrides == ["++trainer.loss.sequence_unit=chunk"]
 
 
 def test_runner_micro_scale_table_shape(tmp_path):

@@ -26,3 +26,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# torch.distributed's rendezvous variables. A test that builds a Trainer in-process sets them (rank 0 of a
+# world of 1, a port its TCPStore keeps); a later test's subprocess inherited that port and failed with
+# EADDRINUSE (CI run of session 7). Restoring them after each test keeps one test's world out of the next.
+_DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _isolate_distributed_env():
+    before = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

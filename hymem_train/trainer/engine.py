@@ -44,8 +44,7 @@ def init_distributed() -> tuple[int, int]:
     if "RANK" not in os.environ:  # single process without torchrun
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        # a port the OS says is free: a pid-derived one collided with another job's (EADDRINUSE, seen
-        # in a test run while stage runs went on beside it)
+        # a port the OS says is free, not a fixed or pid-derived one that another job may hold
         os.environ.setdefault("MASTER_PORT", str(_free_port(os.environ["MASTER_ADDR"])))
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return torch.distributed.get_rank(), torch.distributed.get_world_size()

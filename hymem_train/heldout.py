@@ -36,12 +36,13 @@ def opd_reverse_kl(collector, dataset, harness: str, student, teacher, step: int
 
 
 def rl_chunk_reward(
-    collector, dataset, harness: str, reward: Any, num_rollouts: int, step: int
+    collector, dataset, harness: str, reward: Any, num_rollouts: int, step: int, scoring: Any = None
 ) -> dict[str, float]:
     """Mean per-chunk reward terms (prm, orm, pen, s) over the valid cells of `num_rollouts`
-    rollouts per first window."""
+    rollouts per first window, scored with `scoring` (the stage passes the report's protocol, so an
+    ablation of the training reward does not change its own yardstick)."""
     groups = collector.collect_heldout(dataset, harness, num_rollouts, step)
-    scored = reward.score_groups([g.reward_group(dataset) for g in groups])
+    scored = reward.score_groups([g.reward_group(dataset) for g in groups], scoring)
     vals: dict[str, list[float]] = defaultdict(list)
     for g in scored:
         s = g.scores

@@ -50,7 +50,13 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
 
     def evaluate(step: int) -> dict[str, float]:
         return rl_chunk_reward(
-            stage.collector, stage.eval_dataset, harness, reward, cfg.rl.num_eval_rollouts, step
+            stage.collector,
+            stage.eval_dataset,
+            harness,
+            reward,
+            cfg.rl.num_eval_rollouts,
+            step,
+            cfg.reward.scoring.report_protocol(),
         )
 
     if is_driver and stage.eval_dataset is not None and stage.start_step == 0:

@@ -11,6 +11,7 @@ import numpy as np
 
 from reward.config import RewardConfig
 from reward.records import RolloutGroup
+from reward.scoring import ScoringConfig
 from reward.service import GroupResult, HarnessFactory, RewardService
 
 
@@ -24,12 +25,14 @@ class HarnessRewards:
             for name, factory in reader_factories.items()
         }
 
-    def score_groups(self, groups: list[RolloutGroup]) -> list[GroupResult]:
+    def score_groups(
+        self, groups: list[RolloutGroup], scoring: ScoringConfig | None = None
+    ) -> list[GroupResult]:
         out: list[GroupResult | None] = [None] * len(groups)
         for name, svc in self.services.items():
             idx = [i for i, g in enumerate(groups) if g.harness == name]
             if idx:
-                for i, r in zip(idx, svc.score_groups([groups[i] for i in idx]), strict=True):
+                for i, r in zip(idx, svc.score_groups([groups[i] for i in idx], scoring), strict=True):
                     out[i] = r
         missing = [groups[i].harness for i, r in enumerate(out) if r is None]
         if missing:  # silent failure 4: a group of an undeclared harness must not pass unscored

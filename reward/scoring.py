@@ -97,6 +97,19 @@ class ScoringConfig:
             if b.floor_tokens < 1:
                 raise ValueError(f"reward config: growth_bounds.{h}.floor_tokens must be >= 1")
 
+    def report_protocol(self) -> ScoringConfig:
+        """This config with every ablation switch back at the report's setting (weights and bounds kept).
+        Held-out evaluation scores with it, so runs that ablate the training reward share one yardstick."""
+        return dataclasses.replace(
+            self,
+            advantage_level="chunk",
+            orm_mode="attributed",
+            use_traps=True,
+            use_growth_penalty=True,
+            score_mode="rubric",
+            malformed_score="floor",
+        )
+
     def bounds_for(self, harness: str) -> GrowthBounds:
         if harness not in self.growth_bounds:
             raise KeyError(

@@ -234,8 +234,13 @@ class RewardWorker:
         self.manifest = manifest
 
     def judge(
-        self, record: RolloutRecord, group: RolloutGroup, rollout_index: int
+        self,
+        record: RolloutRecord,
+        group: RolloutGroup,
+        rollout_index: int,
+        scoring: ScoringConfig | None = None,
     ) -> tuple[JudgedRollout, dict[str, int]]:
+        sc = scoring or self.cfg.scoring
         # fresh clients per call: stats are per rollout, and no state leaks between groups
         reader = Reader(ChatClient(self.cfg.reader))
         if self.cfg.judge_kind == "exact_match":
@@ -249,9 +254,9 @@ class RewardWorker:
             reader=reader,
             judge=judge,
             search_k=self.cfg.search_k,
-            use_traps=self.cfg.scoring.use_traps,
+            use_traps=sc.use_traps,
             rollout_index=rollout_index,
-            skip_malformed=self.cfg.scoring.malformed_score == "floor",
+            skip_malformed=sc.malformed_score == "floor",
         )
 
     def shutdown(self) -> None:
@@ -309,14 +314,20 @@ class RewardService:
     def score(self, group: RolloutGroup) -> GroupResult:
         return self.score_groups([group])[0]
 
-    def score_groups(self, groups: Sequence[RolloutGroup]) -> list[GroupResult]:
-        """Every rollout of every group goes through the pool; results come back in group order."""
+    def score_groups(
+        self, groups: Sequence[RolloutGroup], scoring: ScoringConfig | None = None
+    ) -> list[GroupResult]:
+        """Every rollout of every group goes through the pool; results come back in group order.
+        `scoring` replaces the service's scoring config for this call (held-out evaluation)."""
+        sc = scoring or self.cfg.scoring
         for g in groups:
             validate_group(g)  # silent failure 3 raises here, before any call is made
         refs = [ray.put(g) for g in groups]  # shipped once, not once per rollout
         tasks = [(gi, i) for gi, g in enumerate(groups) for i in range(len(g.rollouts))]
         out = list(
-            self.pool.map(lambda a, t: a.judge.remote(groups[t[0]].rollouts[t[1]], refs[t[0]], t[1]), tasks)
+            self.pool.map(
+                lambda a, t: a.judge.remote(groups[t[0]].rollouts[t[1]], refs[t[0]], t[1], sc), tasks
+            )
         )
         results = []
         k = 0
@@ -325,7 +336,7 @@ class RewardService:
             judged = [o[0] for o in out[k : k + n]]
             stats = [o[1] for o in out[k : k + n]]
             k += n
-            results.append(finish_group(g, judged, stats, self.cfg.scoring))
+            results.append(finish_group(g, judged, stats, sc))
         return results
 
     def shutdown(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 METRIC = "eval/s"  # held-out mean per-chunk score s[t] (the RL stage's own held-out evaluation)
+# Bumped when the held-out metric's meaning changes, so an old run is re-run rather than reused.
+# v2: held-out banks scored with the report's reward protocol (ScoringConfig.report_protocol), not
+# each run's own (ablated) reward config.
+METRIC_VERSION = "v2"
 BASELINE = "baseline"
 # t quantiles (two-sided 95%) for small samples; a normal quantile beyond
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -94,15 +99,20 @@ def run_table(
             continue
         for seed in range(seeds):
             run_dir = out / a.name / f"seed{seed}"
+            cmd = [sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl",
+                   f"data.path={root}/data/prompts/native", f"data.eval_path={root}/data/eval/native",
+                   f"init_checkpoint={root}/opd/final", f"reader_model.path={root}/sft/final",
+                   f"run.output_dir={run_dir}", f"run.name=ablation_{a.name}_seed{seed}", f"run.seed={seed}",
+                   f"num_steps={steps}", f"save_every={steps}", f"rl.num_eval_rollouts={eval_rollouts}",
+                   "logging.wandb_mode=disabled", *growth, *a.overrides, *(extra or [])]  # fmt: skip
+            key = json.dumps({"metric_version": METRIC_VERSION, "cmd": cmd[1:]})
             rows = _history(run_dir)
-            if not (rows and rows[-1]["step"] == steps and METRIC in rows[-1]):
+            stamp = run_dir / "ablation_key.json"
+            fresh = stamp.exists() and stamp.read_text() == key
+            if not (fresh and rows and rows[-1]["step"] == steps and METRIC in rows[-1]):
+                if run_dir.exists():  # another command or metric version: it would resume, not restart
+                    shutil.rmtree(run_dir)
                 t0 = time.perf_counter()
-                cmd = [sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl",
-                       f"data.path={root}/data/prompts/native", f"data.eval_path={root}/data/eval/native",
-                       f"init_checkpoint={root}/opd/final", f"reader_model.path={root}/sft/final",
-                       f"run.output_dir={run_dir}", f"run.name=ablation_{a.name}_seed{seed}", f"run.seed={seed}",
-                       f"num_steps={steps}", f"save_every={steps}", f"rl.num_eval_rollouts={eval_rollouts}",
-                       "logging.wandb_mode=disabled", *growth, *a.overrides, *(extra or [])]  # fmt: skip
                 print(f"  {a.name} seed {seed}: {' '.join(a.overrides) or '(the demo recipe)'}", flush=True)
                 log = out / "logs" / f"{a.name}_seed{seed}.log"
                 log.parent.mkdir(parents=True, exist_ok=True)
@@ -113,6 +123,7 @@ def run_table(
                         f"ablation {a.name} seed {seed} failed (exit {r.returncode}); see {log}"
                     )
                 (run_dir / "wall_seconds").write_text(f"{time.perf_counter() - t0:.1f}")
+                stamp.write_text(key)
                 rows = _history(run_dir)
             a.starts.append(next(r[METRIC] for r in rows if r["step"] == 0))
             a.finals.append(rows[-1][METRIC])
@@ -162,7 +173,8 @@ def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wa
     lines = [
         f"Held-out mean per-chunk score `{METRIC}` after {steps} RL steps, {seeds} seed(s) each "
         f"(run.seed 0..{seeds - 1}), every run from the same OPD checkpoint; 95% t-intervals (Welch for the "
-        f"difference). Wall time of the table: {wall_s / 60:.1f} min.",
+        f"difference). Wall time of the table: {wall_s / 60:.1f} min (the runs themselves: "
+        f"{sum(x for a in table for x in a.seconds if not math.isnan(x)) / 60:.1f} min; a finished run is reused).",
         "",
         "| ablation | knob | step 0 | final | final - baseline |",
         "|---|---|---|---|---|",

@@ -228,6 +228,15 @@ def test_ray_service_end_to_end(group, endpoints):
             svc.score(bad)
         assert len(judge_srv.chat_requests()) == n  # raised before any call
         svc.shutdown()
+        # an ablated service (probes only, no growth penalty) scores its own way in training, and with
+        # the report's protocol (held-out evaluation) exactly as the baseline service does
+        ablated = dataclasses.replace(
+            cfg, scoring=H.scoring_config(use_traps=False, use_growth_penalty=False), num_actors=1
+        )
+        svc = RewardService(ablated, functools.partial(NativeHarness, None))
+        own = svc.score(group)
+        yardstick = svc.score_groups([group], ablated.scoring.report_protocol())[0]
+        svc.shutdown()
     finally:
         ray.shutdown()
     flat = lambda t: [x for row in t for x in row]  # noqa: E731
@@ -237,6 +246,9 @@ def test_ray_service_end_to_end(group, endpoints):
     assert res2.scores.valid_GC[3] == [False, False] and res2.metrics[M_EXCL_ROLLOUTS] == 0.25
     # the excluded 4th rollout does not move the others' advantages
     assert flat(res2.scores.adv_GC[:3]) == pytest.approx(flat(expected.scores.adv_GC))
+    assert own.scores.prm_GC[2] == [0.0, 0.0] and own.scores.pen_GC[0] == [0.0, 0.0]  # no trap, no pen
+    assert flat(yardstick.scores.s_GC) == pytest.approx(flat(expected.scores.s_GC))
+    assert yardstick.metrics[M_TRAP_PASS] == pytest.approx(2 / 3)
 
 
 def test_unreadable_bank_snapshot_is_a_counted_platform_fault(group, endpoints, tmp_path):

@@ -50,6 +50,10 @@ class WeightSyncExtension:
 
 
 class VLLMEngine:
+    # vLLM's HYV3 `load_weights` reads the on-disk per-expert names, not the fused training names:
+    # sync_weights maps them (trainer/weight_sync.as_served) before update_weights sees a bucket
+    weight_names = "serving"
+
     def __init__(
         self,
         model_path: str,

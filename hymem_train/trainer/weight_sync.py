@@ -21,9 +21,26 @@ log = logging.getLogger(__name__)
 
 
 class WeightReceiver(Protocol):
-    """What an inference engine exposes (hymem_train/engines: HF engine, vLLM engine)."""
+    """What an inference engine exposes (hymem_train/engines: HF engine, vLLM engine), or a stand-in
+    for remote replicas (`weight_group.WeightBroadcaster`). Optional attributes: `weight_names`
+    ("hf": transformers' names, the default; "serving": vLLM's on-disk per-expert names) and
+    `finish_sync(version)`, called once after the last bucket."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int: ...
+
+
+def as_served(
+    bucket: list[tuple[str, torch.Tensor]], weight_names: str, dtype: torch.dtype | None
+) -> list[tuple[str, torch.Tensor]]:
+    """A bucket of training tensors under the names (and dtypes) a receiver's loader accepts."""
+    if weight_names == "hf":
+        return [(n, t if dtype is None or not t.is_floating_point() else t.to(dtype)) for n, t in bucket]
+    if weight_names != "serving":
+        raise ValueError(f"weight receiver: weight_names={weight_names!r}, want 'hf' or 'serving'")
+    from hymem_train.trainer.export import out_dtype, serving_tensors
+
+    # fused experts split per expert; the router stays fp32 as vLLM builds it
+    return [(m, v.to(out_dtype(m, v, dtype))) for n, t in bucket for m, v in serving_tensors(n, t)]
 
 
 @dataclass
@@ -90,14 +107,31 @@ def sync_weights(
     """Push the current weights to every receiver (rank 0 only); returns perf metrics."""
     t0 = time.perf_counter()
     dtype = None if cfg.dtype == "same" else getattr(torch, cfg.dtype)
-    num_buckets = 0
-    num_bytes = 0
-    for bucket in iter_full_param_buckets(model, int(cfg.bucket_mb * 2**20), dtype):
+    layouts = {getattr(r, "weight_names", "hf") for r in receivers} if rank == 0 else set()
+    num_buckets = num_bytes = 0
+
+    def send(bucket: list[tuple[str, torch.Tensor]]) -> None:
+        nonlocal num_buckets, num_bytes
         num_buckets += 1
-        num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-        if rank == 0:
+        for names in layouts:  # each layout's names computed once, for every receiver that reads it
+            served = as_served(bucket, names, dtype)
+            num_bytes += sum(t.numel() * t.element_size() for _, t in served)
             for r in receivers:
-                r.update_weights(bucket, version)
+                if getattr(r, "weight_names", "hf") == names:
+                    r.update_weights(served, version)
+
+    for bucket in iter_full_param_buckets(model, int(cfg.bucket_mb * 2**20)):
+        send(bucket)  # collective under ZeRO-3: every rank gathers, rank 0 sends
+    if layouts:
+        # persistent buffers (the router's score-correction bias, vLLM's expert_bias): not partitioned
+        # by ZeRO-3, not trained, but a replica must hold the trainer's, whatever it loaded at start
+        from hymem_train.trainer.export import persistent_buffers
+
+        if buffers := list(persistent_buffers(model).items()):
+            send(buffers)
+        for r in receivers:
+            if hasattr(r, "finish_sync"):
+                r.finish_sync(version)
     seconds = time.perf_counter() - t0
     log.info(
         "weight sync v%d: %d buckets, %.1f MiB, %.2f s", version, num_buckets, num_bytes / 2**20, seconds

@@ -26,7 +26,8 @@ from hymem_train.models.presets import build_model, make_config  # noqa: E402
 from hymem_train.trainer.config import LossConfig, PackingConfig, TrainerConfig  # noqa: E402
 from hymem_train.trainer.engine import Trainer  # noqa: E402
 from hymem_train.trainer.packing import plan_step  # noqa: E402
-from hymem_train.trainer.weight_sync import iter_full_param_buckets  # noqa: E402
+from hymem_train.trainer.weight_group import WeightBroadcaster, open_weight_group  # noqa: E402
+from hymem_train.trainer.weight_sync import WeightSyncConfig, iter_full_param_buckets  # noqa: E402
 from tests.trainer.helpers import make_items  # noqa: E402
 
 
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1.0)
     ap.add_argument("--adam-eps", type=float, default=1.0)
     ap.add_argument("--zero-stage", type=int, default=3)
+    ap.add_argument("--weight-group", default="", help="HOST:PORT:WORLD: sync to replicas after training")
     args = ap.parse_args()
     faulthandler.enable(all_threads=True)  # a rank that aborts prints every thread's Python stack
     torch.set_num_threads(1)
@@ -87,10 +89,18 @@ def main() -> None:
         records.append(m)
     if args.save_dir:
         tr.save(args.save_dir, {"data_cursor": start + args.steps})
+    sync = {}
+    if args.weight_group:  # rank 0 joins the replicas' group; every rank gathers (collective)
+        host, port, world = args.weight_group.rsplit(":", 2)
+        rx = []
+        if tr.rank == 0:
+            rx = [WeightBroadcaster(open_weight_group(host, int(port), 0, int(world)))]
+        sync = tr.sync_weights(rx, version=start + args.steps, cfg=WeightSyncConfig(bucket_mb=0.05))
     full = {n: t for b in iter_full_param_buckets(model, 1 << 20) for n, t in b}
     if tr.rank == 0:
         torch.save(full, args.out + ".pt")
         Path(args.out + ".json").write_text(json.dumps(records))
+        Path(args.out + ".sync.json").write_text(json.dumps(sync))
     tr.close()
 
 

@@ -39,15 +39,23 @@ def test_sync_into_hf_engine_in_buckets():
     rx = CountingReceiver(engine)
     named = dict(trained.named_parameters())
     total_mib = sum(p.numel() * p.element_size() for p in named.values()) / 2**20
+    with torch.no_grad():  # a router bias the engine does not hold yet: it must arrive with the sync
+        for b in (b for n, b in trained.named_buffers() if n.endswith("e_score_correction_bias")):
+            b.uniform_(-0.1, 0.1)
+    buffers = {n: b for n, b in trained.named_buffers() if n.endswith("e_score_correction_bias")}
+    buf_mib = sum(b.numel() * b.element_size() for b in buffers.values()) / 2**20
     m = sync_weights(trained, [rx], version=7, cfg=WeightSyncConfig(bucket_mb=total_mib / 5))
-    assert 4 <= len(rx.calls) <= 8  # buckets, not one call per parameter
-    assert sum(rx.calls) == len(named)
+    assert 4 <= len(rx.calls) <= 9  # buckets (+ one of buffers), not one call per parameter
+    assert sum(rx.calls) == len(named) + len(buffers) and rx.calls[-1] == len(buffers)
     assert m["perf/weight_sync_buckets"] == len(rx.calls)
-    assert m["perf/weight_sync_mib"] == pytest.approx(total_mib)
+    assert m["perf/weight_sync_mib"] == pytest.approx(total_mib + buf_mib)
     assert m["perf/weight_sync_seconds"] > 0
     assert engine.policy_version == 7
     for k, v in engine.model.named_parameters():
         torch.testing.assert_close(v, named[k], rtol=0, atol=0)
+    for k, v in engine.model.named_buffers():
+        if k in buffers:
+            torch.testing.assert_close(v, buffers[k], rtol=0, atol=0)
 
 
 def test_replay_is_applied_in_the_checkpointed_recomputation():

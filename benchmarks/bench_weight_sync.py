@@ -115,7 +115,7 @@ def main() -> None:
             ],
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for r in range(1, args.replicas + 1)
     ]
     tx = WeightBroadcaster(open_weight_group("127.0.0.1", port, 0, args.replicas + 1))

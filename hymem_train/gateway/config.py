@@ -9,7 +9,9 @@ OVER_CAP_ACTIONS = ("drop_chunk", "truncate_left")
 
 @dataclass
 class GatewayConfig:
-    host: str = "127.0.0.1"  # bind address; sandboxes reach it over loopback (or the cluster network)
+    # bind address; sandboxes reach it over loopback. "auto": the driver node's routable IP (Ray's view),
+    # for rollout workers on other nodes
+    host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port (tests, demo)
     served_model_name: str = "policy"  # the `model` field clients must send
     max_batch_size: int = 16  # requests per batched engine call

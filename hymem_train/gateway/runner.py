@@ -21,10 +21,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 KEEP_ALIVE_S = 75
 
 
+def bind_host(host: str) -> str:
+    """A gateway bind address; "auto" = this node's IP as Ray sees it (reachable from other nodes)."""
+    if host != "auto":
+        return host
+    import ray.util
+
+    return ray.util.get_node_ip_address()
+
+
 class GatewayServer:
     def __init__(self, gateway, host: str | None = None, port: int | None = None):
         self.gateway = gateway
-        self.host = host or gateway.cfg.host
+        self.host = bind_host(host or gateway.cfg.host)
         self.port = port or gateway.cfg.port or free_port(self.host)
         config = uvicorn.Config(
             gateway.app, host=self.host, port=self.port, log_level="warning", access_log=False,

@@ -29,6 +29,9 @@ class RolloutConfig:
     num_workers: int = 8  # concurrent rollouts (Ray actors, or threads when use_ray=false)
     use_ray: bool = True  # false: threads in the driver (debugging); the same worker code either way
     num_cpus_per_worker: float = 0.25  # Ray CPU reservation per worker (workers mostly wait on HTTP)
+    # Ray custom resources per worker, e.g. {rollout: 1}: workers go only to nodes started with that
+    # resource (`ray start --resources='{"rollout": 64}'`), away from the engines' nodes
+    ray_resources: dict[str, float] = field(default_factory=dict)
     mode: str = "train"  # train | rollout_only (collect + dump, no update) | train_only (replay dumps)
     dump: bool = False  # write each step's train items to <run>/dumps/step_<k>.pt (replayable)
     keep_rollout_dirs: bool = False  # keep every step's rollout banks (debugging; disk heavy)
@@ -39,3 +42,5 @@ class RolloutConfig:
             raise ValueError(f"rollout.mode={self.mode!r}: want train, rollout_only or train_only")
         if self.num_workers < 1:
             raise ValueError("rollout.num_workers must be >= 1")
+        if any(v <= 0 for v in self.ray_resources.values()):
+            raise ValueError(f"rollout.ray_resources={dict(self.ray_resources)}: every amount must be > 0")

@@ -21,14 +21,19 @@ class RolloutPool:
         *,
         use_ray: bool = True,
         num_cpus_per_worker: float = 0.25,
+        resources: dict[str, float] | None = None,
     ):
+        """`resources`: Ray custom resources per worker, e.g. {"rollout": 1} to keep the workers on the
+        nodes that advertise it (the nodes that hold no engine)."""
         self.num_workers = num_workers
         self.use_ray = use_ray
         if use_ray:
             import ray
             from ray.util import ActorPool
 
-            actor_cls = ray.remote(num_cpus=num_cpus_per_worker)(RolloutWorker)
+            actor_cls = ray.remote(num_cpus=num_cpus_per_worker, resources=dict(resources or {}))(
+                RolloutWorker
+            )
             self._actors = [actor_cls.remote(**worker_kwargs) for _ in range(num_workers)]
             self._pool = ActorPool(self._actors)
         else:

@@ -15,7 +15,7 @@ and in tests / scripts: `to_typed(compose("opd", ["+exp=demo_cpu"]), OpdConfig)`
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from data_pipeline.typed_config import (
@@ -34,7 +34,9 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "LoggingConfig",
+    "PlacementConfig",
     "RunConfig",
+    "ServedModelPlacement",
     "compose",
     "config_diff",
     "to_typed",
@@ -42,6 +44,68 @@ __all__ = [
 ]
 
 # ---- sections the training entry points share (kept here: importing them must not pull in torch) ----
+
+
+PLACEMENT_MODES = ("split", "colocated")
+
+
+@dataclass
+class ServedModelPlacement:
+    """A frozen model the RL reward service calls (reader or judge), served from this cluster's GPUs as
+    vLLM replicas. The report does not name its reader or judge model: `model_preset` is only what
+    `python -m hymem_train.plan` sizes the pool by."""
+
+    replicas: int = 0  # vLLM replicas here (0 = served elsewhere: reward.*.base_url, or the CPU reader)
+    tensor_parallel_size: int = 1  # GPUs per replica (within one node)
+    gpu_memory_utilization: float = 0.85  # vLLM's share of each GPU (weights + activations + KV cache)
+    max_model_len: int = 8192  # a probe or question with the retrieved memories, or a rubric and an answer
+    model_preset: str = "hy_memory_30b_a3b"  # architecture the plan sizes it by (models/presets.py)
+
+    def validate(self, key: str) -> None:
+        if self.replicas < 0 or self.tensor_parallel_size < 1 or self.max_model_len < 2:
+            raise ValueError(
+                f"{key}: replicas={self.replicas} must be >= 0, tensor_parallel_size="
+                f"{self.tensor_parallel_size} >= 1, max_model_len={self.max_model_len} >= 2"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"{key}.gpu_memory_utilization={self.gpu_memory_utilization}: want (0, 1]")
+
+
+@dataclass
+class PlacementConfig:
+    """Which GPUs each device process owns (docs/cluster.md, "Placement"). Pools are laid out in this
+    order over the global GPU index (node-major): train, policy, then the stage's frozen models (OPD:
+    teacher; RL: reader, judge). A stage ignores the pools of the other stage, so one cluster file
+    serves both. Replica sizes come from the engines: engine.tensor_parallel_size (policy),
+    teacher_engine.tensor_parallel_size (OPD teacher), reader/judge.tensor_parallel_size here."""
+
+    # split: training ranks and policy replicas on separate GPUs (weights sync over the network);
+    # colocated: the policy replicas share the training GPUs and sleep while the trainer steps
+    mode: str = "split"
+    train_gpus: int = 0  # GPUs of the training ranks, one rank each; 0 = every GPU the other pools leave
+    policy_replicas: int = 0  # split: vLLM policy replicas; colocated: 0 (= train_gpus / TP) or that number
+    teacher_replicas: int = 0  # OPD: vLLM replicas of the frozen teacher (its own GPUs in both modes)
+    reader: ServedModelPlacement = field(default_factory=ServedModelPlacement)  # RL: the frozen reader
+    judge: ServedModelPlacement = field(default_factory=ServedModelPlacement)  # RL: the frozen judge
+
+    def gpu_requests(self) -> dict[str, int]:
+        """Every count that asks for GPUs, by its key (a CPU box must ask for none)."""
+        return {
+            "cluster.placement.train_gpus": self.train_gpus,
+            "cluster.placement.policy_replicas": self.policy_replicas,
+            "cluster.placement.teacher_replicas": self.teacher_replicas,
+            "cluster.placement.reader.replicas": self.reader.replicas,
+            "cluster.placement.judge.replicas": self.judge.replicas,
+        }
+
+    def validate(self) -> None:
+        if self.mode not in PLACEMENT_MODES:
+            raise ValueError(f"cluster.placement.mode={self.mode!r}: want one of {PLACEMENT_MODES}")
+        for key, n in self.gpu_requests().items():
+            if n < 0:
+                raise ValueError(f"{key}={n}: must be >= 0")
+        self.reader.validate("cluster.placement.reader")
+        self.judge.validate("cluster.placement.judge")
 
 
 @dataclass
@@ -52,10 +116,23 @@ class ClusterConfig:
         "local"  # "local" = a new cluster here, whatever /tmp/ray holds; "auto" = join slurm/'s
     )
     num_cpus: int = 2  # CPUs Ray may use on a local start
+    gpu_memory_gb: float = 0.0  # memory of one GPU (1 GB = 1e9 bytes; H20: 96, H200: 141); 0 = no GPUs
+    placement: PlacementConfig = field(default_factory=PlacementConfig)  # which GPUs each process owns
 
     def validate(self) -> None:
         if self.num_nodes < 1 or self.num_gpus_per_node < 0:
             raise ValueError("cluster.num_nodes must be >= 1 and cluster.num_gpus_per_node >= 0")
+        if self.gpu_memory_gb < 0:
+            raise ValueError(f"cluster.gpu_memory_gb={self.gpu_memory_gb}: must be >= 0")
+        self.placement.validate()
+        if self.num_gpus_per_node == 0:
+            # a CPU box runs every engine in-process (HF); GPU pools there would never be placed
+            asked = {k: n for k, n in self.placement.gpu_requests().items() if n > 0}
+            if asked:
+                raise ValueError(
+                    f"{', '.join(f'{k}={n}' for k, n in asked.items())}: cluster.num_gpus_per_node=0 "
+                    "is a CPU-only cluster, it has no GPUs to place them on"
+                )
 
 
 @dataclass

@@ -37,6 +37,7 @@ def check_ray_capacity(cfg: StageConfig) -> None:
     msg = (
         f"Ray actors reserve {need:g} CPUs (rollout.num_workers={cfg.rollout.num_workers} x "
         f"rollout.num_cpus_per_worker={cfg.rollout.num_cpus_per_worker}"
+        + " + engine replicas x cluster.placement.cpus_per_replica"
         + (" + reward actors" if getattr(cfg, "reward", None) is not None else "")
         + f") but the Ray cluster has {have:g}: the actors that do not fit would wait forever. Lower "
         "rollout.num_workers or rollout.num_cpus_per_worker, or raise cluster.num_cpus"

@@ -85,6 +85,12 @@ class PlacementConfig:
     train_gpus: int = 0  # GPUs of the training ranks, one rank each; 0 = every GPU the other pools leave
     policy_replicas: int = 0  # split: vLLM policy replicas; colocated: 0 (= train_gpus / TP) or that number
     teacher_replicas: int = 0  # OPD: vLLM replicas of the frozen teacher (its own GPUs in both modes)
+    # On a CPU box (num_gpus_per_node=0) policy_replicas / teacher_replicas > 0 are HF engine replicas as
+    # CPU Ray actors (0: the engine in the driver process); the simulated multi-node tests use them.
+    cpus_per_replica: float = 1.0  # Ray CPUs per engine replica actor (its host process)
+    # Ray placement-group strategy of a replica pool: PACK fills nodes (TP groups and their NVLink stay in
+    # a node either way: one bundle is one node); SPREAD / STRICT_SPREAD put replicas on distinct nodes
+    replica_strategy: str = "PACK"
     reader: ServedModelPlacement = field(default_factory=ServedModelPlacement)  # RL: the frozen reader
     judge: ServedModelPlacement = field(default_factory=ServedModelPlacement)  # RL: the frozen judge
 
@@ -101,6 +107,13 @@ class PlacementConfig:
     def validate(self) -> None:
         if self.mode not in PLACEMENT_MODES:
             raise ValueError(f"cluster.placement.mode={self.mode!r}: want one of {PLACEMENT_MODES}")
+        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        if self.replica_strategy not in strategies:
+            raise ValueError(
+                f"cluster.placement.replica_strategy={self.replica_strategy!r}: want one of {strategies}"
+            )
+        if self.cpus_per_replica <= 0:
+            raise ValueError(f"cluster.placement.cpus_per_replica={self.cpus_per_replica}: must be > 0")
         for key, n in self.gpu_requests().items():
             if n < 0:
                 raise ValueError(f"{key}={n}: must be >= 0")
@@ -126,8 +139,10 @@ class ClusterConfig:
             raise ValueError(f"cluster.gpu_memory_gb={self.gpu_memory_gb}: must be >= 0")
         self.placement.validate()
         if self.num_gpus_per_node == 0:
-            # a CPU box runs every engine in-process (HF); GPU pools there would never be placed
-            asked = {k: n for k, n in self.placement.gpu_requests().items() if n > 0}
+            # a CPU box: trainer ranks as torchrun starts them; policy/teacher replicas, if asked for, are
+            # CPU Ray actors (HF engines: the multi-node simulation); no vLLM reader/judge pools there
+            cpu_ok = ("cluster.placement.policy_replicas", "cluster.placement.teacher_replicas")
+            asked = {k: n for k, n in self.placement.gpu_requests().items() if n > 0 and k not in cpu_ok}
             if asked:
                 raise ValueError(
                     f"{', '.join(f'{k}={n}' for k, n in asked.items())}: cluster.num_gpus_per_node=0 "

@@ -12,13 +12,16 @@ from typing import Any
 import numpy as np
 
 
-def opd_reverse_kl(collector, dataset, harness: str, student, teacher, step: int) -> dict[str, float]:
-    """Reverse KL(student || teacher) over the full vocabulary at the student's sampled positions."""
+def opd_reverse_kl(
+    collector, dataset, harness: str, student, teacher, step: int, vocab_size: int
+) -> dict[str, float]:
+    """Reverse KL(student || teacher) over the full vocabulary (`vocab_size`, the model config's: an
+    engine may be a pool of remote replicas) at the student's sampled positions."""
     groups = collector.collect_heldout(dataset, harness, 1, step)
     segs = [s for g in groups for r in g.results for s in r.segments]
     if not segs:
         return {}
-    V = student.model.config.vocab_size
+    V = vocab_size
     ids = [s.input_ids for s in segs]
     kls = []
     for s, st, tt in zip(segs, student.topk_logprobs(ids, V), teacher.topk_logprobs(ids, V), strict=True):

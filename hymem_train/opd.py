@@ -17,11 +17,11 @@ from omegaconf import DictConfig
 
 from hymem_train.callbacks.plots import CurvePlot
 from hymem_train.config import CONFIG_DIR, to_typed
-from hymem_train.engines import build_engine
+from hymem_train.engines.serving import build_served_engine
 from hymem_train.heldout import opd_reverse_kl
 from hymem_train.rollout.collector import sum_rollout_metrics
 from hymem_train.run_config import OpdConfig
-from hymem_train.stage import Stage, build_stage, log_step
+from hymem_train.stage import Stage, build_stage, log_step, write_placement
 from hymem_train.trainer.export import export_hf
 from hymem_train.trainer.items import teacher_items
 
@@ -36,7 +36,10 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
     harness = next(iter(cfg.harnesses))  # held-out KL in the first declared harness
 
     def evaluate(step: int) -> dict[str, float]:
-        return opd_reverse_kl(stage.collector, stage.eval_dataset, harness, stage.engine, teacher, step)
+        return opd_reverse_kl(
+            stage.collector, stage.eval_dataset, harness, stage.engine, teacher, step,
+            stage.trainer.model.config.vocab_size,
+        )  # fmt: skip
 
     if is_driver and stage.eval_dataset is not None and stage.start_step == 0:
         log_step(stage, 0, evaluate(0))
@@ -93,14 +96,20 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
 
 def run(cfg: OpdConfig) -> dict[str, float]:
     stage = build_stage(cfg)
-    failed = True
+    failed, teacher = True, None
     try:
-        teacher = build_engine(cfg.teacher_engine, cfg.teacher, stage.tokenizer) if stage.is_driver else None
         if stage.is_driver:
+            teacher = build_served_engine(
+                cfg.teacher_engine, cfg.teacher, stage.tokenizer,
+                replicas=cfg.cluster.placement.teacher_replicas, cluster=cfg.cluster,
+            )  # fmt: skip
+            write_placement(stage, stage.run_dir, teacher=getattr(teacher, "infos", "driver"))
             stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "opd_curves.png"))
         last = train(stage, teacher, cfg)
         failed = False
     finally:
+        if hasattr(teacher, "shutdown"):
+            teacher.shutdown()
         stage.close(failed=failed)
     return last
 

@@ -446,8 +446,17 @@ def make_plan(cfg: StageConfig) -> Plan:
         ray_cpus=ray_cpu_demand(cfg),
     )
     if cl.num_gpus_per_node == 0:  # a CPU box: engines in-process, ranks as torchrun launches them
+        cpu_pools = [f"{n} {role} replica(s) as CPU Ray actors ({pl.cpus_per_replica:g} CPU each, "
+                     f"{pl.replica_strategy})" for role, n in (("policy", pl.policy_replicas),
+                     ("teacher", pl.teacher_replicas if opd else 0)) if n]  # fmt: skip
         notes.append(
-            "CPU-only cluster: every engine runs in the driver (HF); no GPU placement or memory estimate"
+            "CPU-only cluster: "
+            + (
+                "; ".join(cpu_pools) + ", the rest in the driver (HF)"
+                if cpu_pools
+                else "every engine runs in the driver (HF)"
+            )
+            + "; no GPU placement or memory estimate"
         )
         return Plan(
             **base,

@@ -86,8 +86,12 @@ class StageConfig:
 
 
 def ray_cpu_demand(cfg: StageConfig) -> float:
-    """CPUs the stage's Ray actors reserve: rollout workers, plus the reward actors of every harness (RL)."""
+    """CPUs the stage's Ray actors reserve: rollout workers, engine replica actors, plus the reward actors
+    of every harness (RL)."""
     demand = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker if cfg.rollout.use_ray else 0.0
+    pl = cfg.cluster.placement
+    replicas = pl.policy_replicas + (pl.teacher_replicas if hasattr(cfg, "opd") else 0)
+    demand += replicas * pl.cpus_per_replica
     reward = getattr(cfg, "reward", None)
     if reward is not None:
         demand += len(cfg.harnesses) * reward.num_actors * reward.num_cpus_per_actor

@@ -67,6 +67,8 @@ class Stage:
             self.collector.pool.shutdown()
         if self.server is not None:
             self.server.stop()
+        if hasattr(self.engine, "shutdown"):  # a pool of replica actors
+            self.engine.shutdown()
         if self.logger is not None:
             self.logger.finish()
         self.trainer.close(barrier=not failed)
@@ -78,7 +80,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
 
     from data_pipeline.store import BuiltDataset, HarnessDatasets
     from hymem_train.cluster import check_ray_capacity, init_ray
-    from hymem_train.engines import build_engine
+    from hymem_train.engines.serving import build_served_engine
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway
     from hymem_train.models.loading import load_model, load_tokenizer_for, require_local_dir
@@ -111,7 +113,10 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     )  # fmt: skip
     if stage.is_driver:
         init_ray(cfg.cluster)
-        stage.engine = build_engine(cfg.engine, engine_model_cfg(cfg, model_cfg, run_dir), tokenizer)
+        stage.engine = build_served_engine(
+            cfg.engine, engine_model_cfg(cfg, model_cfg, run_dir), tokenizer,
+            replicas=cfg.cluster.placement.policy_replicas, cluster=cfg.cluster,
+        )  # fmt: skip
         stage.gateway = Gateway(stage.engine, tokenizer, cfg.gateway)
         stage.server = GatewayServer(stage.gateway).start()
         # bank readers (reward actors, lineage checks) embed queries through the gateway under an
@@ -148,10 +153,38 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
             cfg.logging, run_dir, cfg.run.name, config=dataclasses.asdict(cfg), resume=start_step > 0
         )
         stage.callbacks = Callbacks([BankSizeLog(run_dir), GatewayCounterDeltas(stage.gateway)])
+        write_placement(stage, run_dir)
     # collective (ZeRO-3 gathers every shard): every rank, not only the one that owns the engine
     trainer.sync_weights(stage.sync_receivers, version=start_step)
     torch.manual_seed(cfg.run.seed + start_step)
     return stage
+
+
+def write_placement(stage: Stage, run_dir: Path, **extra: Any) -> dict:
+    """Where the driver-side parts run (`<run>/placement.json`): the driver, the gateway's address, the
+    policy engine (or its replicas) and the rollout workers, each with its Ray node; `extra`: more parts."""
+    import json
+    import os
+
+    import ray
+
+    def here() -> dict:
+        return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}  # fmt: skip
+
+    path = run_dir / "placement.json"
+    out = json.loads(path.read_text()) if extra and path.exists() else {}
+    if not extra:
+        pool = stage.collector.pool if stage.collector is not None else None
+        out = {
+            "driver": here(),
+            "gateway": stage.server.url,
+            "policy": getattr(stage.engine, "infos", None) or [here()],
+            "rollout_workers": pool.placement() if pool is not None else [],
+        }
+    out.update(extra)
+    path.write_text(json.dumps(out, indent=1))
+    return out
 
 
 def log_data_table(datasets: Any, run_dir: Path) -> str:

@@ -46,6 +46,14 @@ class RolloutPool:
             return list(self._pool.map(lambda a, t: a.run.remote(t), tasks))
         return list(self._ex.map(self._worker.run, tasks))
 
+    def placement(self) -> list[dict]:
+        """Where each worker runs: node id, node IP, pid."""
+        if self.use_ray:
+            import ray
+
+            return ray.get([a.where.remote() for a in self._actors])
+        return [self._worker.where()]
+
     def shutdown(self) -> None:
         if self.use_ray:
             import ray

@@ -147,6 +147,21 @@ class RolloutWorker:
         if r.status_code != 403:
             raise RuntimeError(f"gateway accepted a foreign identity (HTTP {r.status_code})")
 
+    def where(self) -> dict:
+        """The node this worker runs on (Ray's view; the driver's process when not an actor)."""
+        import os
+        import socket
+
+        try:
+            import ray
+
+            if ray.is_initialized():
+                return {"node_id": ray.get_runtime_context().get_node_id(),
+                        "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}  # fmt: skip
+        except ImportError:
+            pass
+        return {"node_id": "", "node_ip": socket.gethostname(), "pid": os.getpid()}
+
     def run(self, task: RolloutTask) -> RolloutResult:
         cfg = self.harnesses[task.harness]
         tid = trajectory_id(task)

@@ -37,7 +37,7 @@ def as_served(
         return [(n, t if dtype is None or not t.is_floating_point() else t.to(dtype)) for n, t in bucket]
     if weight_names != "serving":
         raise ValueError(f"weight receiver: weight_names={weight_names!r}, want 'hf' or 'serving'")
-    from hymem_train.trainer.export import out_dtype, serving_tensors
+    from hymem_train.trainer.names import out_dtype, serving_tensors
 
     # fused experts split per expert; the router stays fp32 as vLLM builds it
     return [(m, v.to(out_dtype(m, v, dtype))) for n, t in bucket for m, v in serving_tensors(n, t)]
@@ -125,7 +125,7 @@ def sync_weights(
     if layouts:
         # persistent buffers (the router's score-correction bias, vLLM's expert_bias): not partitioned
         # by ZeRO-3, not trained, but a replica must hold the trainer's, whatever it loaded at start
-        from hymem_train.trainer.export import persistent_buffers
+        from hymem_train.trainer.names import persistent_buffers
 
         if buffers := list(persistent_buffers(model).items()):
             send(buffers)

@@ -156,13 +156,16 @@ def test_refuses_a_replica_across_two_nodes():
 
 
 def test_refuses_gpu_pools_on_a_cpu_only_cluster():
-    cfg = to_typed(compose("opd", ["+exp=demo_opd"]), OpdConfig)
-    cfg.cluster.placement.policy_replicas = 2
-    with pytest.raises(PlanError, match=r"cluster\.placement\.policy_replicas=2: .* CPU-only cluster"):
+    cfg = to_typed(compose("rl", ["+exp=demo_rl"]), RlConfig)
+    cfg.cluster.placement.train_gpus = 2
+    with pytest.raises(PlanError, match=r"cluster\.placement\.train_gpus=2: .* CPU-only cluster"):
         make_plan(cfg)
     # and the stage's own validation names the key before any work
-    with pytest.raises(ValueError, match=r"cluster\.placement\.teacher_replicas=1: .* CPU-only"):
-        to_typed(compose("opd", ["+exp=demo_opd", "++cluster.placement.teacher_replicas=1"]), OpdConfig)
+    with pytest.raises(ValueError, match=r"cluster\.placement\.reader\.replicas=1: .* CPU-only"):
+        to_typed(compose("rl", ["+exp=demo_rl", "++cluster.placement.reader.replicas=1"]), RlConfig)
+    # policy and teacher replicas on a CPU box are CPU Ray actors (the multi-node simulation)
+    cfg = to_typed(compose("opd", ["+exp=demo_opd", "++cluster.placement.policy_replicas=2"]), OpdConfig)
+    assert "2 policy replica(s) as CPU Ray actors" in format_plan(make_plan(cfg))
 
 
 def test_cli_prints_the_plan_and_exits_nonzero_on_refusal():

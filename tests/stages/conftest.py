@@ -1,6 +1,7 @@
 """Shared assets and helpers for the stage tests (real CLIs, tiny models, CPU)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,9 +64,9 @@ def _cmd(stage: str, a: dict, out: Path, *extra: str) -> list[str]:
     return base + list(extra)
 
 
-def _run(cmd: list[str], log: Path, timeout: int = 900) -> None:
+def _run(cmd: list[str], log: Path, timeout: int = 900, env: dict | None = None) -> None:
     with log.open("w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env)
     assert r.returncode == 0, log.read_text()[-4000:]
 
 
@@ -77,3 +78,16 @@ def _metrics(out: Path) -> dict[int, dict]:
 @pytest.fixture(scope="session")
 def stage():
     return SimpleNamespace(COMMON=COMMON, cmd=_cmd, run=_run, metrics=_metrics)
+
+
+OPD_TWO_STEPS = ("num_steps=2", "save_every=1")
+
+
+@pytest.fixture(scope="session")
+def opd_one_rank(assets):
+    """The reference run the multi-rank and multi-node tests reproduce: OPD, 2 steps, 1 rank, 1 node."""
+    out = assets["root"] / "opd_r1"
+    # the environment the runs it is compared with use (thread count changes float reduction order)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    _run(_cmd("opd", assets, out, *OPD_TWO_STEPS), assets["root"] / "opd_r1.log", env=env)
+    return out

@@ -23,7 +23,7 @@ def _torchrun(cmd: list[str]) -> list[str]:
     return [torchrun, "--nproc_per_node", "2", "--master_port", str(port), *cmd[1:]]
 
 
-def _same_run(stage, one: Path, two: Path, keys: tuple[str, ...]) -> None:
+def same_run(stage, one: Path, two: Path, keys: tuple[str, ...]) -> None:
     a, b = stage.metrics(one), stage.metrics(two)
     assert set(a) == set(b) and len(a) >= 3  # step 0 (evaluation) and two training steps
     for run, m in ((one, a), (two, b)):
@@ -51,7 +51,7 @@ def _same_run(stage, one: Path, two: Path, keys: tuple[str, ...]) -> None:
         assert (wa[k] - wb[k]).abs().max().item() < 1e-5, k
 
 
-def test_two_rank_opd_and_rl_reproduce_one_rank(assets, stage, monkeypatch):
+def test_two_rank_opd_and_rl_reproduce_one_rank(assets, stage, opd_one_rank, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     root = assets["root"]
@@ -61,9 +61,9 @@ def test_two_rank_opd_and_rl_reproduce_one_rank(assets, stage, monkeypatch):
     # ended as a platform error, because the fork-time lock probe of one rollout made another's probe
     # see the parent "open" (harnesses.base.BankLock; tests/harnesses/test_native.py injects it).
     opd_args = ("num_steps=2", "save_every=1")
-    stage.run(stage.cmd("opd", assets, root / "opd_r1", *opd_args), root / "opd_r1.log")
+    assert opd_one_rank == root / "opd_r1"
     stage.run(_torchrun(stage.cmd("opd", assets, root / "opd_r2", *opd_args)), root / "opd_r2.log")
-    _same_run(stage, root / "opd_r1", root / "opd_r2",
+    same_run(stage, root / "opd_r1", root / "opd_r2",
               ("train/loss", "train/grad_norm", "train/num_loss_tokens", "eval/reverse_kl", "rollout/segments"))  # fmt: skip
     assert stage.metrics(root / "opd_r1")[1]["train/grad_norm"] > 0  # the runs really trained
 
@@ -74,6 +74,6 @@ def test_two_rank_opd_and_rl_reproduce_one_rank(assets, stage, monkeypatch):
     # half checks the multi-rank wiring only (broadcast items, per-rank packing, reward, lineage,
     # checkpoint, export), not PPO numerics: 2-rank PPO with non-zero advantages is checked in
     # tests/trainer/test_engine_dist.py (1x8 = 8x1 = 2x4).
-    _same_run(stage, root / "rl_r1", root / "rl_r2",
+    same_run(stage, root / "rl_r1", root / "rl_r2",
               ("train/loss", "train/grad_norm", "train/num_loss_tokens", "reward/s", "eval/s"))  # fmt: skip
     assert stage.metrics(root / "rl_r1")[1]["train/num_loss_tokens"] > 0  # it did train on items

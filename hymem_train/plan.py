@@ -628,13 +628,13 @@ def format_plan(p: Plan) -> str:
         "Placement",
     ]
     if p.pools:
-        out.append(f"  {'role':<13} {'GPUs':<9} {'nodes':<7} {'replicas x TP':<14} process")
+        out.append(f"  {'role':<13} {'GPUs':<9} {'nodes':<7} {'ranks / replicas x TP':<22} process")
         for pool in p.pools:
             reps = f"{pool.replicas} x {pool.tp}"
             if pool.role.startswith("train"):
                 reps = f"{pool.num_gpus} ranks" + (f"; {reps}" if pool.role != "train" else "")
             gpus = f"{pool.first_gpu}-{pool.first_gpu + pool.num_gpus - 1}"
-            out.append(f"  {pool.role:<13} {gpus:<9} {pool.nodes(gpn):<7} {reps:<14} {pool.what}")
+            out.append(f"  {pool.role:<13} {gpus:<9} {pool.nodes(gpn):<7} {reps:<22} {pool.what}")
     out.append(
         f"  driver: node 0's CPUs (step loop, scheduler, gateway, lineage); Ray CPU reservations "
         f"(rollout workers, reward actors): {p.ray_cpus:g}"

@@ -54,6 +54,7 @@ bench: setup harness-venvs
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_losses.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_packing.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_train_step.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_weight_sync.py
 
 clean:
 	rm -rf $(VENV) .venvs .pytest_cache runs/demo

@@ -637,7 +637,7 @@ def format_plan(p: Plan) -> str:
             out.append(f"  {pool.role:<13} {gpus:<9} {pool.nodes(gpn):<7} {reps:<22} {pool.what}")
     out.append(
         f"  driver: node 0's CPUs (step loop, scheduler, gateway, lineage); Ray CPU reservations "
-        f"(rollout workers, reward actors): {p.ray_cpus:g}"
+        f"(rollout workers, engine replica actors, reward actors): {p.ray_cpus:g}"
     )
     out += [
         "",

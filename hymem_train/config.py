@@ -131,6 +131,11 @@ class ClusterConfig:
     num_cpus: int = 2  # CPUs Ray may use on a local start
     gpu_memory_gb: float = 0.0  # memory of one GPU (1 GB = 1e9 bytes; H20: 96, H200: 141); 0 = no GPUs
     placement: PlacementConfig = field(default_factory=PlacementConfig)  # which GPUs each process owns
+    # Ray actors' stdout/stderr (rollout workers, reward actors, engine replicas): printed by the driver
+    # (true), or left in Ray's session logs, whose path the stage logs at start (false: the default,
+    # the driver's own log stays readable with hundreds of actors)
+    log_to_driver: bool = False
+    dashboard: bool = False  # local start: Ray's dashboard on 127.0.0.1:8265 (needs ray[default])
 
     def validate(self) -> None:
         if self.num_nodes < 1 or self.num_gpus_per_node < 0:

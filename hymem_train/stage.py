@@ -145,6 +145,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
             pool = RolloutPool(
                 worker_kwargs, cfg.rollout.num_workers, use_ray=cfg.rollout.use_ray,
                 num_cpus_per_worker=cfg.rollout.num_cpus_per_worker, resources=cfg.rollout.ray_resources,
+                max_restarts=cfg.rollout.max_worker_restarts, on_lost=stage.gateway.forget,
             )  # fmt: skip
         stage.collector = RolloutCollector(
             pool, stage.dataset, lineage, run_dir, keep_rollout_dirs=cfg.rollout.keep_rollout_dirs

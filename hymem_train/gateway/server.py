@@ -119,6 +119,13 @@ class Gateway:
         with self._dropped_lock:
             return self.dropped.pop(trajectory_id, [])
 
+    def forget(self, trajectory_id: str) -> int:
+        """A trajectory whose worker died mid-rollout: drop its identity (later calls under it are refused),
+        its recorded segments and refused calls. Returns the segments dropped."""
+        self.registry.unregister(trajectory_id)
+        self.drain_dropped(trajectory_id)
+        return len(self.store.drain(trajectory_id))
+
     def metrics(self) -> dict[str, float]:
         m = {f"gateway/{k}": float(v) for k, v in self.counters.items()}
         m.update({f"gateway/rejected_{k}": float(v) for k, v in self.registry.rejected.items()})

@@ -22,6 +22,8 @@ class FaultConfig:
     foreign_identity: list[int] = field(
         default_factory=list
     )  # rollout i sends one call under another trajectory's path
+    # "i:t": rollout i's worker process exits while chunk t is written (Ray restarts the actor)
+    kill_worker: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -32,6 +34,9 @@ class RolloutConfig:
     # Ray custom resources per worker, e.g. {rollout: 1}: workers go only to nodes started with that
     # resource (`ray start --resources='{"rollout": 64}'`), away from the engines' nodes
     ray_resources: dict[str, float] = field(default_factory=dict)
+    # a worker process that dies (OOM kill, segfault in a framework) is restarted by Ray up to this many
+    # times; the rollout it was running ends as a platform_error (rollout/lost_worker_rollouts)
+    max_worker_restarts: int = 3
     mode: str = "train"  # train | rollout_only (collect + dump, no update) | train_only (replay dumps)
     dump: bool = False  # write each step's train items to <run>/dumps/step_<k>.pt (replayable)
     keep_rollout_dirs: bool = False  # keep every step's rollout banks (debugging; disk heavy)
@@ -42,5 +47,7 @@ class RolloutConfig:
             raise ValueError(f"rollout.mode={self.mode!r}: want train, rollout_only or train_only")
         if self.num_workers < 1:
             raise ValueError("rollout.num_workers must be >= 1")
+        if self.max_worker_restarts < 0:
+            raise ValueError(f"rollout.max_worker_restarts={self.max_worker_restarts}: must be >= 0")
         if any(v <= 0 for v in self.ray_resources.values()):
             raise ValueError(f"rollout.ray_resources={dict(self.ray_resources)}: every amount must be > 0")

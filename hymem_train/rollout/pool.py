@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from hymem_train.rollout.worker import RolloutResult, RolloutTask, RolloutWorker
+from hymem_train.rollout.worker import RolloutResult, RolloutTask, RolloutWorker, lost_rollout
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +23,24 @@ class RolloutPool:
         use_ray: bool = True,
         num_cpus_per_worker: float = 0.25,
         resources: dict[str, float] | None = None,
+        max_restarts: int = 3,
+        on_lost: Callable[[str], None] | None = None,
     ):
         """`resources`: Ray custom resources per worker, e.g. {"rollout": 1} to keep the workers on the
-        nodes that advertise it (the nodes that hold no engine)."""
+        nodes that advertise it (the nodes that hold no engine). A worker whose process dies is restarted
+        by Ray up to `max_restarts` times; its rollout becomes `lost_rollout` and `on_lost(trajectory_id)`
+        lets the owner forget the trajectory (the gateway's identity and segments)."""
+        self.on_lost, self.max_restarts = on_lost, max_restarts
         self.num_workers = num_workers
         self.use_ray = use_ray
         if use_ray:
             import ray
-            from ray.util import ActorPool
 
             actor_cls = ray.remote(num_cpus=num_cpus_per_worker, resources=dict(resources or {}))(
                 RolloutWorker
             )
             self._actors = [actor_cls.remote(**worker_kwargs) for _ in range(num_workers)]
-            self._pool = ActorPool(self._actors)
+            self._deaths = [0] * num_workers  # per actor index: process deaths seen
         else:
             self._worker = RolloutWorker(**worker_kwargs)  # thread-safe: one harness per task
             self._ex = cf.ThreadPoolExecutor(num_workers, thread_name_prefix="rollout")
@@ -43,8 +48,41 @@ class RolloutPool:
     def run(self, tasks: list[RolloutTask]) -> list[RolloutResult]:
         """Results in task order."""
         if self.use_ray:
-            return list(self._pool.map(lambda a, t: a.run.remote(t), tasks))
+            return self._run_ray(tasks)
         return list(self._ex.map(self._worker.run, tasks))
+
+    def _run_ray(self, tasks: list[RolloutTask]) -> list[RolloutResult]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        results: list[RolloutResult | None] = [None] * len(tasks)
+        todo = list(enumerate(tasks))[::-1]
+        free = [k for k in range(len(self._actors)) if self._deaths[k] <= self.max_restarts][::-1]
+        pending: dict[Any, tuple[int, int]] = {}
+        while todo or pending:
+            while free and todo:
+                i, t = todo.pop()
+                k = free.pop()
+                pending[self._actors[k].run.remote(t)] = (i, k)
+            if not pending:
+                raise RuntimeError(f"every rollout worker died (max_restarts={self.max_restarts} each)")
+            [ref], _ = ray.wait(list(pending), num_returns=1)
+            i, k = pending.pop(ref)
+            try:
+                results[i] = ray.get(ref)
+            except RayActorError as e:  # the process died mid-rollout; Ray restarts it (max_restarts)
+                lost = lost_rollout(tasks[i], type(e).__name__)
+                log.warning(
+                    "rollout %s: its worker died (%s); a platform_error", lost.record.trajectory_id, e
+                )
+                results[i] = lost
+                if self.on_lost is not None:
+                    self.on_lost(lost.record.trajectory_id)
+                self._deaths[k] += 1
+                if self._deaths[k] > self.max_restarts:  # Ray will not bring this one back
+                    continue
+            free.append(k)
+        return results  # type: ignore[return-value]
 
     def placement(self) -> list[dict]:
         """Where each worker runs: node id, node IP, pid."""

@@ -54,6 +54,8 @@ M_RESTARTS = "rollout/sandbox_restarts"
 # chunks whose write itself reported (or raised) a platform fault after the harness's retries, sum; a
 # bank unreadable after a write reported OK is a platform error too, but not counted here
 M_PLATFORM_WRITES = "rollout/platform_error_writes"
+# rollouts whose worker process died mid-rollout (Ray restarts the actor; the rollout is a platform_error)
+M_LOST = "rollout/lost_worker_rollouts"
 
 
 @dataclass
@@ -124,6 +126,13 @@ class RolloutWorker:
         self.embedding_model = embedding_model
         self.tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
 
+    def _maybe_exit(self, task: RolloutTask, pos: int) -> None:
+        """Fault injection: this worker's process dies (as an OOM kill would) at chunk `pos`."""
+        if f"{task.rollout_index}:{pos}" in self.faults.kill_worker:
+            import os
+
+            os._exit(17)
+
     def _maybe_kill(self, harness, task: RolloutTask, pos: int):
         import threading
 
@@ -191,6 +200,7 @@ class RolloutWorker:
                 self.admin.set_chunk(tid, chunk.index)
                 t0 = time.perf_counter()
                 killer = self._maybe_kill(harness, task, pos)
+                self._maybe_exit(task, pos)
                 if task.rollout_index in self.faults.foreign_identity and pos == 0:
                     self._foreign_call(cred, tid)
                 in_write = True
@@ -273,6 +283,21 @@ class RolloutWorker:
             M_PLATFORM_WRITES: float(crashed_writes),
         }
         return RolloutResult(record, kept, [w.to_json() for w in writes], metrics)
+
+
+def lost_rollout(task: RolloutTask, reason: str) -> RolloutResult:
+    """The result of a rollout whose worker process died mid-rollout: a platform_error with every chunk
+    excluded and nothing to train on (silent failure 7: never scored, never trained on, never promoted)."""
+    bank = str(Path(task.out_dir) / "bank")
+    record = RolloutRecord(
+        trajectory_id=trajectory_id(task),
+        chunks=[ChunkSnapshot(c.index, bank, None, "platform_error") for c in task.chunks],
+        status="platform_error",
+        segment_chunks=[],
+    )
+    writes = [WriteResult(WriteStatus.PLATFORM_ERROR, 0, f"rollout worker lost: {reason}").to_json()]
+    metrics = {M_SEGMENTS: 0.0, M_PLATFORM_ERRORS: 1.0, M_LOST: 1.0}
+    return RolloutResult(record, [], writes, metrics)
 
 
 def _kill_loop(harness, stop) -> None:

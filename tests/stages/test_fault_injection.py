@@ -1,7 +1,7 @@
 """A short RL run under injected faults (issue: the two stages end to end, fault injection).
 
 Injected: the sandbox of rollout 1 is SIGKILLed while it writes chunk 1 (and on every retry); the
-judge times out on every 4th call; the tiny policy writes malformed output on its own; rollout 0
+rollout worker process running rollout 3 exits at chunk 0 (Ray restarts it); the judge times out on every 4th call; the tiny policy writes malformed output on its own; rollout 0
 presents its key under another trajectory's path once per window. The run must finish, classify each
 fault as docs/glossary.md (the nine silent failures) says, count it, and leave every promoted bank intact.
 """
@@ -47,10 +47,11 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
             f"run.output_dir={out}", "data.eval_path=", f"reader_model.path={assets['teacher']}", "init_checkpoint=", *stage.COMMON,
             "harnesses.native.in_process=false",  # a sandbox process to kill
             "harnesses.native.num_retries=1",
-            "rl.num_rollouts_per_window=3", "rl.num_windows_per_step=2", "num_steps=2", "save_every=1",
+            "rl.num_rollouts_per_window=4", "rl.num_windows_per_step=2", "num_steps=2", "save_every=1",
             "reward.judge_kind=llm", f"reward.judge.base_url={judge.base_url}", "reward.judge.model=judge",
             "reward.judge.timeout_s=1.0", "reward.judge.num_retries=0",
             '+rollout.faults.kill_sandbox=["1:1"]', "+rollout.faults.foreign_identity=[0]",
+            '+rollout.faults.kill_worker=["3:0"]', "rollout.max_worker_restarts=8",
         ]  # fmt: skip
         log = root / "rl_faults.log"
         with log.open("w") as f:
@@ -61,8 +62,10 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
     steps = [m[s] for s in (1, 2)]
     for s in steps:
         # sandbox killed mid-window, on every retry: a platform error, excluded, never scored (failure 7)
-        assert s["rollout/platform_error_rollouts"] == 2  # rollout 1 of each of the 2 windows
-        assert s["reward/excluded_rollout_share"] == pytest.approx(2 / 6)
+        # + the worker that died under rollout 3: a platform error too, counted as lost, nothing trained
+        assert s["rollout/platform_error_rollouts"] == 4  # rollouts 1 and 3 of each of the 2 windows
+        assert s["rollout/lost_worker_rollouts"] == 2
+        assert s["reward/excluded_rollout_share"] == pytest.approx(4 / 8)
         # ... reported as such by the write itself (after its retry), not only noticed later: a crash
         # reported as a clean write still ends the rollout platform_error, through the unreadable bank
         assert s["rollout/platform_error_writes"] == 2
@@ -82,7 +85,8 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
     lineage = BankLineage(out, lambda name: NativeHarness(None, _native_cfg()))
     assert len(lineage.banks) == sum(s["rollout/windows_done"] for s in steps) >= 2
     for b in lineage.banks.values():
-        assert "r1" not in b.source_trajectory.rsplit("-", 1)[-1]  # the killed rollout is never promoted
+        # the killed rollouts are never promoted
+        assert b.source_trajectory.rsplit("-", 1)[-1] not in ("r1", "r3")
         lineage.verify(b)
     assert (out / "final" / "model.safetensors").exists()
 

@@ -34,8 +34,8 @@ class RolloutConfig:
     # Ray custom resources per worker, e.g. {rollout: 1}: workers go only to nodes started with that
     # resource (`ray start --resources='{"rollout": 64}'`), away from the engines' nodes
     ray_resources: dict[str, float] = field(default_factory=dict)
-    # a worker process that dies (OOM kill, segfault in a framework) is restarted by Ray up to this many
-    # times; the rollout it was running ends as a platform_error (rollout/lost_worker_rollouts)
+    # a worker process that dies (OOM kill, segfault in a framework) is replaced by a new actor up to this
+    # many times per slot; the rollout it was running ends as a platform_error (rollout/lost_worker_rollouts)
     max_worker_restarts: int = 3
     mode: str = "train"  # train | rollout_only (collect + dump, no update) | train_only (replay dumps)
     dump: bool = False  # write each step's train items to <run>/dumps/step_<k>.pt (replayable)

@@ -27,19 +27,20 @@ class RolloutPool:
         on_lost: Callable[[str], None] | None = None,
     ):
         """`resources`: Ray custom resources per worker, e.g. {"rollout": 1} to keep the workers on the
-        nodes that advertise it (the nodes that hold no engine). A worker whose process dies is restarted
-        by Ray up to `max_restarts` times; its rollout becomes `lost_rollout` and `on_lost(trajectory_id)`
-        lets the owner forget the trajectory (the gateway's identity and segments)."""
+        nodes that advertise it (the nodes that hold no engine). A worker whose process dies is replaced by
+        a new actor, up to `max_restarts` times per slot; its rollout becomes `lost_rollout` and
+        `on_lost(trajectory_id)` lets the owner forget the trajectory (the gateway's identity and segments)."""
         self.on_lost, self.max_restarts = on_lost, max_restarts
         self.num_workers = num_workers
         self.use_ray = use_ray
         if use_ray:
             import ray
 
-            actor_cls = ray.remote(num_cpus=num_cpus_per_worker, resources=dict(resources or {}))(
+            self._actor_cls = ray.remote(num_cpus=num_cpus_per_worker, resources=dict(resources or {}))(
                 RolloutWorker
             )
-            self._actors = [actor_cls.remote(**worker_kwargs) for _ in range(num_workers)]
+            self._worker_kwargs = worker_kwargs
+            self._actors = [self._actor_cls.remote(**worker_kwargs) for _ in range(num_workers)]
             self._deaths = [0] * num_workers  # per actor index: process deaths seen
         else:
             self._worker = RolloutWorker(**worker_kwargs)  # thread-safe: one harness per task
@@ -70,7 +71,7 @@ class RolloutPool:
             i, k = pending.pop(ref)
             try:
                 results[i] = ray.get(ref)
-            except RayActorError as e:  # the process died mid-rollout; Ray restarts it (max_restarts)
+            except RayActorError as e:  # the process died mid-rollout: replaced below
                 lost = lost_rollout(tasks[i], type(e).__name__)
                 log.warning(
                     "rollout %s: its worker died (%s); a platform_error", lost.record.trajectory_id, e
@@ -79,8 +80,13 @@ class RolloutPool:
                 if self.on_lost is not None:
                     self.on_lost(lost.record.trajectory_id)
                 self._deaths[k] += 1
-                if self._deaths[k] > self.max_restarts:  # Ray will not bring this one back
+                if self._deaths[k] > self.max_restarts:
+                    log.warning("rollout worker %d died %d times: left out of the pool", k, self._deaths[k])
                     continue
+                # a fresh actor in its place (not Ray's max_restarts: then a call sent before the driver
+                # hears of the death fails like the killed task, and the actor's state is rebuilt anyway)
+                ray.kill(self._actors[k])
+                self._actors[k] = self._actor_cls.remote(**self._worker_kwargs)
             free.append(k)
         return results  # type: ignore[return-value]
 

@@ -173,3 +173,17 @@ def test_reward_token_counters_are_summed_over_groups():
     m = reduce_group_metrics(groups)
     assert m["reward/reader_prompt_tokens"] == 150 and m["reward/reader_calls"] == 3
     assert m["reward/s"] == pytest.approx(0.3)  # a score stays a per-group mean
+
+
+def test_cost_model_arithmetic_by_hand():
+    # scripts/cost_model.py (the docs/performance.md projection) on a 2-layer toy: numbers by hand
+    from scripts.cost_model import decode_step_s, fwd_flops_per_token
+
+    m = dict(flop_params=1e9, L=2, qdim=100, total=11e9, embed=1e9, experts=8e9, E=8, k=2, kv_bytes=1000)
+    # 2 x 1e9 + 4 x 2 layers x 100 x 50 context
+    assert fwd_flops_per_token(m, 50) == 2e9 + 40_000
+    gpu = {"bw": 1e12}
+    # batch 2 touches 1 - (6/8)^2 = 7/16 of the experts: (2e9 + 8e9 x 7/16) x 2 B / TP 2 + 2 x 10 x 1000 B / 2
+    step = decode_step_s(m, gpu, 2, 10, 2)
+    assert step == pytest.approx((5.5e9 + 10_000) / (1e12 * 0.6))
+    assert decode_step_s(m, gpu, 2, 10, 2, kv_scale=0.5) == pytest.approx((5.5e9 + 5_000) / 0.6e12)

@@ -36,10 +36,18 @@ CONSOLE_KEYS = (
 
 
 class StepTimer:
-    """`with timer("rollout"): ...` accumulates seconds per phase; `pop()` returns perf/time_* metrics."""
+    """`with timer("rollout"): ...` accumulates seconds per phase; `pop()` returns perf/time_* metrics:
+    one per phase, `perf/time_step_s` (their sum) and, once `mark()` has started the clock,
+    `perf/time_wall_s`: wall seconds since the last mark or pop, i.e. the whole loop iteration, so the
+    untimed work (scheduling, promotion, the previous step's logging) shows as wall minus phases."""
 
     def __init__(self) -> None:
         self._t: dict[str, float] = defaultdict(float)
+        self._since: float | None = None
+
+    def mark(self) -> None:
+        """Start the wall clock (the step loops call it once, before their first step)."""
+        self._since = time.perf_counter()
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -50,8 +58,12 @@ class StepTimer:
             self._t[phase] += time.perf_counter() - t0
 
     def pop(self) -> dict[str, float]:
+        now = time.perf_counter()
         out = {f"perf/time_{k}_s": v for k, v in self._t.items()}
         out["perf/time_step_s"] = sum(self._t.values())
+        if self._since is not None:
+            out["perf/time_wall_s"] = now - self._since
+            self._since = now
         self._t.clear()
         return out
 

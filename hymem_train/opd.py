@@ -44,6 +44,7 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
     if is_driver and stage.eval_dataset is not None and stage.start_step == 0:
         log_step(stage, 0, evaluate(0))
     last: dict[str, float] = {}
+    timer.mark()
     for step in range(stage.start_step + 1, cfg.num_steps + 1):
         items, m, done = None, {}, []
         if is_driver and cfg.rollout.mode == "train_only":  # replay a dumped rollout batch
@@ -84,7 +85,8 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
             if stage.eval_dataset is not None and (step % cfg.save_every == 0 or step == cfg.num_steps):
                 with timer("eval"):
                     m.update(evaluate(step))
-        stage.checkpoints.maybe_save(step, stage.scheduler)
+        with timer("checkpoint"):
+            stage.checkpoints.maybe_save(step, stage.scheduler)
         m.update(timer.pop())
         log_step(stage, step, m)
         last = m

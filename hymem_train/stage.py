@@ -21,6 +21,7 @@ from hymem_train.callbacks import Callbacks
 from hymem_train.callbacks.bank_sizes import BankSizeLog
 from hymem_train.callbacks.dumps import StepDumps
 from hymem_train.callbacks.gateway_counters import GatewayCounterDeltas
+from hymem_train.callbacks.step_profile import StepProfileReport
 from hymem_train.checkpointing import StageCheckpoints
 from hymem_train.config import to_yaml
 from hymem_train.logger import MetricsLogger, StepTimer
@@ -153,7 +154,9 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
         stage.logger = MetricsLogger(
             cfg.logging, run_dir, cfg.run.name, config=dataclasses.asdict(cfg), resume=start_step > 0
         )
-        stage.callbacks = Callbacks([BankSizeLog(run_dir), GatewayCounterDeltas(stage.gateway)])
+        stage.callbacks = Callbacks(
+            [BankSizeLog(run_dir), GatewayCounterDeltas(stage.gateway), StepProfileReport(run_dir)]
+        )
         write_placement(stage, run_dir)
     # collective (ZeRO-3 gathers every shard): every rank, not only the one that owns the engine
     trainer.sync_weights(stage.sync_receivers, version=start_step)

@@ -45,13 +45,11 @@ class HarnessRewards:
 
 
 def reduce_group_metrics(scored: list[GroupResult]) -> dict[str, float]:
-    """The groups' reward/* metrics for the step: call and fault counters are sums over groups, the
-    other terms are per-group means."""
+    """The groups' reward/* metrics for the step: call, fault and token counters are sums over groups,
+    the other terms are per-group means."""
     per_group: dict[str, list[float]] = defaultdict(list)
     for g in scored:
         for k, v in g.metrics.items():
             per_group[k].append(v)
-    return {
-        k: float(np.sum(vs)) if k.endswith(("_calls", "_faults", "_retries")) else float(np.mean(vs))
-        for k, vs in per_group.items()
-    }
+    summed = ("_calls", "_faults", "_retries", "_tokens")
+    return {k: float(np.sum(vs)) if k.endswith(summed) else float(np.mean(vs)) for k, vs in per_group.items()}

@@ -64,7 +64,8 @@ class ChatClient:
     def __init__(self, cfg: LlmClientConfig):
         cfg.validate()
         self.cfg = cfg
-        self.stats: Counter[str] = Counter()  # calls, retries, faults, faults/<kind>
+        # calls, retries, faults, faults/<kind>; prompt_tokens, completion_tokens (the endpoint's usage)
+        self.stats: Counter[str] = Counter()
 
     def run_batch(self, requests: Sequence[ChatRequest[T]]) -> list[T | Fault]:
         """Results in request order; a Fault where an item failed after its retries."""
@@ -107,6 +108,9 @@ class ChatClient:
                     temperature=self.cfg.temperature,
                     **kwargs,
                 )
+                if resp.usage is not None:  # spent even when the reply then fails to parse
+                    self.stats["prompt_tokens"] += resp.usage.prompt_tokens or 0
+                    self.stats["completion_tokens"] += resp.usage.completion_tokens or 0
                 text = resp.choices[0].message.content if resp.choices else None
                 if text is None:
                     raise ParseError("reply has no message content")

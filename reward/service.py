@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 
 M_READER_CALLS = "reward/reader_calls"  # sum over groups
 M_JUDGE_CALLS = "reward/judge_calls"  # sum over groups
+# tokens the reader / judge endpoints reported (OpenAI `usage`), sum over groups; 0 for exact match
+M_TOKENS = {
+    "reader_prompt_tokens": "reward/reader_prompt_tokens",
+    "reader_completion_tokens": "reward/reader_completion_tokens",
+    "judge_prompt_tokens": "reward/judge_prompt_tokens",
+    "judge_completion_tokens": "reward/judge_completion_tokens",
+}
 M_RETRIES = "reward/llm_retries"  # reader + judge retries, sum over groups
 M_READER_FAULTS = "reward/reader_faults"  # items excluded because the reader failed, sum
 M_JUDGE_FAULTS = "reward/judge_faults"  # items excluded because the judge failed, sum
@@ -221,6 +228,9 @@ def judge_rollout(
     reader_d, judge_d = reader.stats - reader0, judge.stats - judge0
     stats["reader_calls"] = reader_d["calls"]
     stats["judge_calls"] = judge_d["calls"]
+    for who, d in (("reader", reader_d), ("judge", judge_d)):
+        for kind in ("prompt_tokens", "completion_tokens"):
+            stats[f"{who}_{kind}"] = d[kind]
     stats["retries"] = reader_d["retries"] + judge_d["retries"]
     return judged, dict(stats)
 
@@ -281,6 +291,7 @@ def finish_group(
             M_READER_FAULTS: float(total["reader_faults"]),
             M_JUDGE_FAULTS: float(total["judge_faults"]),
             M_BANK_FAULTS: float(total["bank_faults"]),
+            **{name: float(total[k]) for k, name in M_TOKENS.items()},
         }
     )
     best = best_rollout(scores.s_GC, scores.valid_GC)

@@ -129,8 +129,10 @@ class Gateway:
     def metrics(self) -> dict[str, float]:
         m = {f"gateway/{k}": float(v) for k, v in self.counters.items()}
         m.update({f"gateway/rejected_{k}": float(v) for k, v in self.registry.rejected.items()})
-        sizes = self.batcher.batch_sizes
+        sizes = list(self.batcher.batch_sizes)  # one snapshot: the batcher thread appends to it
         m["gateway/mean_batch_size"] = float(sum(sizes) / len(sizes)) if sizes else 0.0
+        m["gateway/engine_batches"] = float(len(sizes))  # batched engine calls
+        m["gateway/batched_requests"] = float(sum(sizes))  # the requests they carried
         m["gateway/segments"] = float(len(self.store))
         return m
 

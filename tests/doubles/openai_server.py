@@ -73,6 +73,16 @@ def hash_embedding(text: str, dim: int = EMBED_DIM) -> list[float]:
     return [v / norm for v in vec]
 
 
+def usage(body: dict[str, Any], reply: str) -> dict[str, int]:
+    """OpenAI `usage` counted in whitespace words: prompt = every message's text, completion = the reply."""
+    texts = []
+    for m in body.get("messages", []):
+        c = m.get("content")
+        texts += [c] if isinstance(c, str) else [p.get("text", "") for p in c or [] if isinstance(p, dict)]
+    n_prompt, n_reply = sum(len(t.split()) for t in texts), len(str(reply).split())
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_reply, "total_tokens": n_prompt + n_reply}
+
+
 class StandInServer:
     def __init__(
         self,
@@ -227,7 +237,7 @@ class StandInServer:
                                 "finish_reason": "stop",
                             }
                         ],
-                        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                        "usage": usage(body, reply),
                     },
                 )
 

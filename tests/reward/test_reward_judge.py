@@ -17,7 +17,7 @@ from reward.judge import (
     parse_probe_verdict,
 )
 from reward.llm import ChatClient, EndpointError, Fault, ParseError
-from tests.doubles.openai_server import HttpFailure, StandInServer
+from tests.doubles.openai_server import HttpFailure, StandInServer, usage
 
 
 def client(srv, **kw):
@@ -131,6 +131,18 @@ def test_garbage_then_valid_reply_is_retried_and_kept():
         c = client(srv)
         assert LlmJudge(c).score_probes([PROBE]) == [0.8]
     assert c.stats["calls"] == 2 and c.stats["retries"] == 1 and c.stats["faults"] == 0
+
+
+def test_usage_tokens_are_counted_for_every_answered_attempt():
+    # the endpoint's `usage` (the stand-in counts whitespace words); a reply that then failed to parse
+    # was still paid for, so its tokens count too
+    with StandInServer(replies=["I think it is good", '{"score": 0.8}']) as srv:
+        c = client(srv)
+        assert LlmJudge(c).score_probes([PROBE]) == [0.8]
+        bodies = [r.body for r in srv.chat_requests()]
+    prompt = sum(usage(b, "")["prompt_tokens"] for b in bodies)
+    assert len(bodies) == 2 and prompt > 0 and c.stats["prompt_tokens"] == prompt
+    assert c.stats["completion_tokens"] == 5 + 2  # "I think it is good" + '{"score": 0.8}'
 
 
 def test_timeout_and_garbage_exhaust_retries_then_fault_counted():

@@ -122,16 +122,22 @@ def _gb(m: dict, batch: float) -> str:
     return f"weights {w / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB"
 
 
-def rl_step(m: dict, gpu: dict, meas: dict) -> list[tuple[str, str, float, float]]:
-    """(phase, arithmetic, low s, high s) for one RL step."""
-    rollouts = RL_WINDOWS * RL_ROLLOUTS
+def _rollout(m: dict, gpu: dict, meas: dict, rollouts: int) -> tuple:
+    """The policy's side of a step (both stages): calls, sequences per replica, policy GPUs, prefill FLOP
+    and seconds, one decode step's seconds, and the decode seconds of the step."""
     calls = rollouts * CHUNKS * meas["calls_per_chunk"]
     per_replica = rollouts / POLICY_REPLICAS
     pol_gpus = POLICY_REPLICAS * POLICY_TP
     pf = calls * PROMPT * fwd_flops_per_token(m, PROMPT / 2)
     t_pf = pf / (pol_gpus * gpu["peak"] * ASSUMED_PREFILL_MFU)
     step = decode_step_s(m, gpu, per_replica, PROMPT + RESPONSE / 2, POLICY_TP)
-    t_dec = CHUNKS * meas["calls_per_chunk"] * RESPONSE * step
+    return calls, per_replica, pol_gpus, pf, t_pf, step, CHUNKS * meas["calls_per_chunk"] * RESPONSE * step
+
+
+def rl_step(m: dict, gpu: dict, meas: dict) -> list[tuple[str, str, float, float]]:
+    """(phase, arithmetic, low s, high s) for one RL step."""
+    rollouts = RL_WINDOWS * RL_ROLLOUTS
+    calls, per_replica, pol_gpus, pf, t_pf, step, t_dec = _rollout(m, gpu, meas, rollouts)
     rows = [
         ("rollout prefill", f"{calls:,.0f} calls x {PROMPT:,} tok x {fwd_flops_per_token(m, PROMPT / 2) / 1e9:.1f} GFLOP "
          f"= {pf:.3g} FLOP / ({pol_gpus} GPUs x {gpu['peak'] / 1e12:.0f} TFLOP/s x {ASSUMED_PREFILL_MFU})", t_pf, t_pf),
@@ -159,13 +165,7 @@ def rl_step(m: dict, gpu: dict, meas: dict) -> list[tuple[str, str, float, float
 
 def opd_step(m: dict, gpu: dict, meas: dict) -> list[tuple[str, str, float, float]]:
     rollouts = OPD_ROWS * OPD_ROLLOUTS
-    calls = rollouts * CHUNKS * meas["calls_per_chunk"]
-    per_replica = rollouts / POLICY_REPLICAS
-    pol_gpus = POLICY_REPLICAS * POLICY_TP
-    pf = calls * PROMPT * fwd_flops_per_token(m, PROMPT / 2)
-    t_pf = pf / (pol_gpus * gpu["peak"] * ASSUMED_PREFILL_MFU)
-    step = decode_step_s(m, gpu, per_replica, PROMPT + RESPONSE / 2, POLICY_TP)
-    t_dec = CHUNKS * meas["calls_per_chunk"] * RESPONSE * step
+    calls, per_replica, pol_gpus, pf, t_pf, step, t_dec = _rollout(m, gpu, meas, rollouts)
     tok = calls * (PROMPT + RESPONSE)
     tt = tok * fwd_flops_per_token(m, (PROMPT + RESPONSE) / 2)
     t_teacher = tt / (TEACHER_GPUS * gpu["peak"] * ASSUMED_PREFILL_MFU)

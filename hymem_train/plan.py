@@ -431,6 +431,14 @@ def make_plan(cfg: StageConfig) -> Plan:
             f"rollout.num_workers={cfg.rollout.num_workers} < {rollouts} rollouts per step: they run in "
             f"{math.ceil(rollouts / in_flight)} waves, the engines batch only {in_flight} at a time"
         )
+    if cfg.gateway.max_batch_size < in_flight:
+        # the batcher hands the engine one batch of at most max_batch_size calls and waits for it, so the
+        # replicas never see more than that many sequences at once (docs/performance.md, cost model)
+        notes.append(
+            f"gateway.max_batch_size={cfg.gateway.max_batch_size} < {in_flight} calls in flight: the gateway "
+            f"sends at most {cfg.gateway.max_batch_size} per engine call, one call at a time, so the policy "
+            "replicas serve that many sequences at once, not the per-replica count above"
+        )
     a = load_arch(cfg.model.preset, "model.preset")
     base = dict(
         stage="opd" if opd else "rl",

@@ -187,3 +187,10 @@ def test_cli_prints_the_plan_and_exits_nonzero_on_refusal():
     )  # fmt: skip
     assert bad.returncode != 0
     assert "plan refused: too little memory on a train GPU" in bad.stderr
+
+
+def test_notes_the_gateway_batch_cap_below_the_calls_in_flight():
+    # 512 rollouts in flight but the gateway hands the engines 16 calls at a time (the cost model's lever)
+    text = format_plan(_plan("rl"))
+    assert "gateway.max_batch_size=16 < 512 calls in flight" in text
+    assert "gateway.max_batch_size=16" not in format_plan(_plan("rl", "gateway.max_batch_size=512"))

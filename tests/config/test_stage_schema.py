@@ -53,3 +53,17 @@ def test_log_every_thins_console_and_keeps_every_step_in_jsonl(tmp_path, caplog)
         "step 3 train/loss=3",
         "step 6 train/loss=6",
     ]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("cluster.placement.replica_strategy=SCATTER", r"cluster\.placement\.replica_strategy='SCATTER'"),
+        ("cluster.placement.cpus_per_replica=0", r"cluster\.placement\.cpus_per_replica=0\.0: must be > 0"),
+        ("rollout.max_worker_restarts=-1", r"rollout\.max_worker_restarts=-1: must be >= 0"),
+        ("++rollout.ray_resources={rollout: 0}", r"rollout\.ray_resources=\{'rollout': 0\.0\}: every amount"),
+    ],
+)
+def test_replica_and_rollout_worker_knobs_are_validated(override, message):
+    with pytest.raises(ValueError, match=message):
+        to_typed(compose("opd", ["+exp=demo_opd", override]), OpdConfig)

@@ -282,3 +282,16 @@ def test_idle_connections_outlive_the_clients_keep_alive(server, gw):
     admin.unregister("keepalive-probe")
     assert admin._http._transport._pool.connections == []
     admin.close()
+
+
+def test_forget_drops_a_lost_trajectorys_identity_and_segments(server, gw):
+    """A rollout whose worker died (rollout/pool.py): its recorded calls must not linger to be drained by
+    anyone, and its credential must stop working."""
+    tid, cred = _traj(gw)
+    _client(server, cred).chat.completions.create(model="policy", messages=MSG, max_tokens=4)
+    keep, keep_cred = _traj(gw)
+    _client(server, keep_cred).chat.completions.create(model="policy", messages=MSG, max_tokens=4)
+    assert gw.forget(tid) == 1
+    assert gw.store.get(tid) == [] and len(gw.store.get(keep)) == 1  # only the lost trajectory's
+    with pytest.raises(openai.AuthenticationError):
+        _client(server, cred).chat.completions.create(model="policy", messages=MSG, max_tokens=4)

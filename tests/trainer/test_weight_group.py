@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -16,16 +15,10 @@ import torch
 
 from hymem_train.trainer.weight_group import WeightBroadcaster, open_weight_group, receive_weights
 from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
-from tests.trainer.test_engine_dist import run_worker
+from tests.trainer.test_engine_dist import _free_port, run_worker
 from tests.trainer.test_export import _export_plain, _tiny, vllm_expected_names
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Recorder:

@@ -21,10 +21,12 @@ class StageCheckpoints:
         state = self.trainer.load(str(self.dir))
         return int(state["step"]), state
 
-    def maybe_save(self, step: int, scheduler: Any) -> None:
-        """Collective: every `save_every` steps and at the last. `scheduler` is rank 0's (None on the
-        other ranks); its cursor travels inside every rank's checkpoint."""
-        if not (step % self.save_every == 0 or step == self.num_steps):
+    def maybe_save(self, step: int, scheduler: Any, *, force: bool = False) -> None:
+        """Collective: every `save_every` steps and at the last (`force`: now, unless this step already
+        saved). `scheduler` is rank 0's (None on the other ranks); its cursor travels inside every rank's
+        checkpoint."""
+        scheduled = step % self.save_every == 0 or step == self.num_steps
+        if scheduled == force:  # not due and not forced, or forced but already saved by the schedule
             return
         state = self.trainer.broadcast(scheduler.state() if scheduler is not None else None)
         self.trainer.save(str(self.dir), {"stage_step": step, "scheduler": state})

@@ -90,6 +90,8 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
         m.update(timer.pop())
         log_step(stage, step, m)
         last = m
+        if stage.preempted(step):  # checkpointed: a requeued job resumes after this step
+            return last
     export_hf(stage.trainer, cfg.model, stage.run_dir / "final")  # the RL stage's init_checkpoint
     if is_driver:
         stage.callbacks.on_train_end()

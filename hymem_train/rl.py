@@ -107,6 +107,8 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
         m.update(timer.pop())
         log_step(stage, step, m)
         last = m
+        if stage.preempted(step):  # checkpointed: a requeued job resumes after this step
+            return last
     export_hf(stage.trainer, cfg.model, stage.run_dir / "final")
     if is_driver:
         stage.callbacks.on_train_end()

@@ -25,6 +25,7 @@ from hymem_train.callbacks.step_profile import StepProfileReport
 from hymem_train.checkpointing import StageCheckpoints
 from hymem_train.config import to_yaml
 from hymem_train.logger import MetricsLogger, StepTimer
+from hymem_train.preemption import Preemption
 from hymem_train.run_config import StageConfig
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,20 @@ class Stage:
     collector: Any = None  # (driver) rollout.collector.RolloutCollector
     logger: Any = None  # (driver) logger.MetricsLogger
     callbacks: Callbacks = field(default_factory=lambda: Callbacks([]))  # (driver) side jobs
+    preemption: Any = None  # preemption.Preemption (every rank): checkpoint and leave on request
 
     @property
     def is_driver(self) -> bool:
         return self.trainer.rank == 0
+
+    def preempted(self, step: int) -> bool:
+        """Collective, after step `step` is logged: on a preemption request, checkpoint it and say so
+        (the loop then returns without exporting). The last step just finishes."""
+        if step == self.cfg.num_steps or not self.preemption.requested():
+            return False
+        self.checkpoints.maybe_save(step, self.scheduler, force=True)
+        self.preemption.stopped(step)
+        return True
 
     @property
     def sync_receivers(self) -> list:
@@ -112,6 +123,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
         cfg, run_dir, tokenizer, trainer, checkpoints, start_step, datasets,
         BuiltDataset(cfg.data.eval_path) if cfg.data.eval_path else None, StepTimer(), StepDumps(run_dir),
     )  # fmt: skip
+    stage.preemption = Preemption(run_dir, trainer, is_driver=stage.is_driver)
     if stage.is_driver:
         init_ray(cfg.cluster)
         stage.engine = build_served_engine(

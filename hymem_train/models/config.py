@@ -24,6 +24,6 @@ class ModelConfig:
 
 
 def _preset_names() -> list[str]:
-    from hymem_train.models.presets import PRESETS  # torch + transformers: only when a preset is checked
+    from hymem_train.models.preset_table import PRESETS
 
     return sorted(PRESETS)

@@ -70,7 +70,7 @@ def test_tokenizer_fits_tiny_vocab():
 def test_demo_presets_can_attend_sharply_enough_to_copy(name):
     # QK-norm caps an attention logit at sqrt(head_dim) * gains: at head_dim 32 (cap ~5.7) the demo
     # teacher never learned to copy from the chunk; the report's 1.1e7 rope_theta leaves a 1k-token
-    # model almost no positional signal (presets._TINY_DEMO_ATTENTION has the measurements)
+    # model almost no positional signal (preset_table._TINY_DEMO_ATTENTION has the measurements)
     c = make_config(name)
     assert c.head_dim**0.5 >= 8
     assert c.rope_parameters["rope_theta"] == 10_000.0 and c.initializer_range == 0.02

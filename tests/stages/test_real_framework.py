@@ -14,6 +14,8 @@ VENVS = Path(__file__).resolve().parents[2] / ".venvs"
 # the frameworks' own prompts run to ~21k tokens in the tiny 896-token vocabulary: a long context, and
 # a short response budget so the random-ish tiny policy does not sample thousands of tokens on CPU
 LONG = ["engine.max_model_len=32768", "trainer.packing.num_tokens_per_micro_batch=32768"]
+# One OPD rollout per row (the report has 2): a mem0 step trains on ~20k-token segments at ~700 tokens/s
+# here, and the RL step below keeps its 2-rollout group; CI time, not coverage, sets this.
 FRAMEWORKS = {
     "mem0": ["+harness@harnesses.mem0=mem0", "harnesses.mem0.options.max_tokens=32"],
     "hy_memory": ["+harness@harnesses.hy_memory=hy_memory_chat", "harnesses.hy_memory.options.agent_max_tokens=32"],
@@ -29,7 +31,8 @@ def test_opd_then_rl_steps_inside_real_framework(assets, stage, framework):
     args = ["~harness@harnesses.native", "~harnesses.native", *FRAMEWORKS[framework], *LONG]
     opd = root / f"opd_{framework}"
     stage.run(stage.cmd("opd", assets, opd, "num_steps=1", "save_every=1", "data.eval_path=", *args,
-                        "opd.num_rows_per_step=1", "teacher_engine.max_model_len=32768"),
+                        "opd.num_rows_per_step=1", "opd.num_rollouts_per_row=1",
+                        "teacher_engine.max_model_len=32768"),
               root / f"opd_{framework}.log")  # fmt: skip
     m = stage.metrics(opd)[1]
     assert m["rollout/segments"] > 0 and m["gateway/requests_ok"] > 0

@@ -84,15 +84,11 @@ def layout(cfg: StageConfig) -> Layout:
 
 
 def check(entry: str, num_nodes: int, gpus_per_node: int, overrides: list[str]) -> Layout:
-    # the allocation is the truth: it overrides whatever cluster file the overrides picked
+    # the allocation is the truth: it overrides whatever cluster file the overrides picked, and the
+    # job script passes the Ray head it starts and the gateway's routable address the same way
     alloc = [f"cluster.num_nodes={num_nodes}", f"cluster.num_gpus_per_node={gpus_per_node}"]
-    cfg = stage_config(entry, [*overrides, *alloc])
-    if cfg.cluster.ray_address == "local" and num_nodes > 1:
-        raise ConfigError(
-            f"cluster.ray_address=local on {num_nodes} nodes: the job script joins the Ray cluster it starts "
-            "(it passes cluster.ray_address=<head>); do not override it"
-        )
-    return layout(cfg)
+    job = [*alloc, "cluster.ray_address=auto", "gateway.host=auto"]
+    return layout(stage_config(entry, [*overrides, *job]))
 
 
 def wait_for_nodes(address: str, expected: dict[str, str], timeout: float) -> float:

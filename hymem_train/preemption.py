@@ -18,7 +18,6 @@ log = logging.getLogger(__name__)
 
 REQUEST = "PREEMPT"
 MARKER = "preempted.json"
-_PROCESS_START = time.time()  # this module loads with the stage, before the model
 
 
 class Preemption:
@@ -27,10 +26,8 @@ class Preemption:
         self.trainer, self.is_driver = trainer, is_driver
         self._signalled = False
         if is_driver:
-            # a request from before this process (a finished preemption, a stray touch) is not for it;
-            # one the job script writes while this process starts up is newer, and is kept
-            if self.request.exists() and self.request.stat().st_mtime < _PROCESS_START - 1.0:
-                self.request.unlink()
+            # a request already here is kept: the job script may write one while this process starts
+            # (it clears stale ones before it starts the trainer); a run that finishes drops it (`done`)
             self.marker.unlink(missing_ok=True)
             signal.signal(signal.SIGUSR1, self._on_signal)
 
@@ -41,6 +38,11 @@ class Preemption:
         """Collective (every rank at the same point of the step): whether the driver saw a request."""
         seen = self.is_driver and (self._signalled or self.request.exists())
         return bool(self.trainer.broadcast(seen))
+
+    def done(self) -> None:
+        """The run finished: a request that came too late has nothing left to stop."""
+        if self.is_driver:
+            self.request.unlink(missing_ok=True)
 
     def stopped(self, step: int) -> None:
         """The checkpoint of `step` is written: tell the job script (driver only)."""

@@ -83,6 +83,15 @@ class StageConfig:
                 )
         if self.num_steps < 1 or self.save_every < 1:
             raise ValueError("num_steps and save_every must be >= 1")
+        if self.cluster.num_nodes > 1 and self.rollout.use_ray and self.gateway.host in LOOPBACK:
+            raise ValueError(
+                f"gateway.host={self.gateway.host} on cluster.num_nodes={self.cluster.num_nodes}: rollout workers "
+                "on the other nodes cannot reach a loopback gateway; gateway.host=auto binds the driver "
+                "node's address (slurm/ray_job.sbatch passes it)"
+            )
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def ray_cpu_demand(cfg: StageConfig) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,10 @@ class Stage:
     def preempted(self, step: int) -> bool:
         """Collective, after step `step` is logged: on a preemption request, checkpoint it and say so
         (the loop then returns without exporting). The last step just finishes."""
-        if step == self.cfg.num_steps or not self.preemption.requested():
+        if step == self.cfg.num_steps:
+            self.preemption.done()
+            return False
+        if not self.preemption.requested():
             return False
         self.checkpoints.maybe_save(step, self.scheduler, force=True)
         self.preemption.stopped(step)
@@ -114,6 +118,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     # the trainer's model and the engine's are separate copies: weights reach the engine only
     # through the bucketed weight sync, as they do across machines
     trainer = Trainer(cfg.trainer, load_model(model_cfg))
+    log.info("trainer rank %d of %d on host %s", trainer.rank, trainer.world_size, socket.gethostname())
     checkpoints = StageCheckpoints(trainer, run_dir, save_every=cfg.save_every, num_steps=cfg.num_steps)
     start_step, client_state = checkpoints.resume()
     if start_step:
@@ -158,7 +163,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
             pool = RolloutPool(
                 worker_kwargs, cfg.rollout.num_workers, use_ray=cfg.rollout.use_ray,
                 num_cpus_per_worker=cfg.rollout.num_cpus_per_worker, resources=cfg.rollout.ray_resources,
-                max_restarts=cfg.rollout.max_worker_restarts, on_lost=stage.gateway.forget,
+                spread=cfg.rollout.spread_workers, max_restarts=cfg.rollout.max_worker_restarts, on_lost=stage.gateway.forget,
             )  # fmt: skip
         stage.collector = RolloutCollector(
             pool, stage.dataset, lineage, run_dir, keep_rollout_dirs=cfg.rollout.keep_rollout_dirs

@@ -34,6 +34,7 @@ class RolloutConfig:
     # Ray custom resources per worker, e.g. {rollout: 1}: workers go only to nodes started with that
     # resource (`ray start --resources='{"rollout": 64}'`), away from the engines' nodes
     ray_resources: dict[str, float] = field(default_factory=dict)
+    spread_workers: bool = False  # Ray SPREAD: workers over every node (the default packs a node first)
     # a worker process that dies (OOM kill, segfault in a framework) is replaced by a new actor up to this
     # many times per slot; the rollout it was running ends as a platform_error (rollout/lost_worker_rollouts)
     max_worker_restarts: int = 3

@@ -23,11 +23,13 @@ class RolloutPool:
         use_ray: bool = True,
         num_cpus_per_worker: float = 0.25,
         resources: dict[str, float] | None = None,
+        spread: bool = False,
         max_restarts: int = 3,
         on_lost: Callable[[str], None] | None = None,
     ):
         """`resources`: Ray custom resources per worker, e.g. {"rollout": 1} to keep the workers on the
-        nodes that advertise it (the nodes that hold no engine). A worker whose process dies is replaced by
+        nodes that advertise it (the nodes that hold no engine). `spread`: Ray's SPREAD strategy, the workers
+        over every node that fits them (Ray's default packs a node first). A worker whose process dies is replaced by
         a new actor, up to `max_restarts` times per slot; its rollout becomes `lost_rollout` and
         `on_lost(trajectory_id)` lets the owner forget the trajectory (the gateway's identity and segments)."""
         self.on_lost, self.max_restarts = on_lost, max_restarts
@@ -36,9 +38,11 @@ class RolloutPool:
         if use_ray:
             import ray
 
-            self._actor_cls = ray.remote(num_cpus=num_cpus_per_worker, resources=dict(resources or {}))(
-                RolloutWorker
-            )
+            self._actor_cls = ray.remote(
+                num_cpus=num_cpus_per_worker,
+                resources=dict(resources or {}),
+                scheduling_strategy="SPREAD" if spread else "DEFAULT",
+            )(RolloutWorker)
             self._worker_kwargs = worker_kwargs
             self._actors = [self._actor_cls.remote(**worker_kwargs) for _ in range(num_workers)]
             self._deaths = [0] * num_workers  # per actor index: process deaths seen

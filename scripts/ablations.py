@@ -6,6 +6,11 @@
 
 Writes runs/ablations/ (one run directory per ablation and seed; finished runs are reused) and the
 table to docs/ablations.md + docs/ablations.png. The logic lives in scripts/demo_lib/ablations.py.
+
+On a cluster, slurm/submit_ablations.sh runs the same table as a job array, through two more modes:
+
+    scripts/ablations.py --plan-array --out DIR --base hy_memory_rl --seeds 3   # DIR/array_tasks.tsv
+    scripts/ablations.py --collect --out DIR                                    # DIR/table.md from the runs
 """
 
 import argparse
@@ -33,8 +38,22 @@ if __name__ == "__main__":
         "--full", action="store_true", help="24 steps and 4 evaluation rollouts, as the demo's RL"
     )
     ap.add_argument("--only", nargs="*", help="ablation names (baseline, no_traps, ...)")
+    ap.add_argument("--plan-array", action="store_true", help="write the job array's tasks (slurm/)")
+    ap.add_argument("--collect", action="store_true", help="the table from a job array's runs (slurm/)")
+    ap.add_argument("--base", default="hy_memory_rl", help="--plan-array: the experiment the knobs apply to")
+    ap.add_argument("--sft-init", default="", help="--plan-array: the generic SFT checkpoint (sft_init)")
     args = ap.parse_args()
-    from scripts.demo_lib.ablations import run_table, write_table
+    from scripts.demo_lib.ablations import collect_array, plan_array, run_table, write_table
+
+    if args.plan_array:
+        path = plan_array(
+            Path(args.out), base=args.base, seeds=args.seeds, only=args.only, sft_init=args.sft_init
+        )
+        print(len(path.read_text().splitlines()))  # the array's size, for the submit script
+        sys.exit(0)
+    if args.collect:
+        print(collect_array(Path(args.out), Path(args.out) / "table.md"))
+        sys.exit(0)
 
     steps, ev = (24, 4) if args.full else (args.steps, args.eval_rollouts)
     t0 = time.perf_counter()

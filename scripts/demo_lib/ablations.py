@@ -166,15 +166,20 @@ def diff_ci(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return mx - my, T95.get(max(1, math.floor(df)), 1.96) * se
 
 
-def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wall_s: float) -> str:
+def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wall_s: float | None) -> str:
     """docs/ablations.md-style markdown (and a PNG beside it): mean +- 95% CI per ablation and the
     difference to the baseline; an interval that covers 0 is a tie."""
     base = next((a for a in table if a.name == BASELINE), None)
     lines = [
         f"Held-out mean per-chunk score `{METRIC}` after {steps} RL steps, {seeds} seed(s) each "
         f"(run.seed 0..{seeds - 1}), every run from the same OPD checkpoint; 95% t-intervals (Welch for the "
-        f"difference). Wall time of the table: {wall_s / 60:.1f} min (the runs themselves: "
-        f"{sum(x for a in table for x in a.seconds if not math.isnan(x)) / 60:.1f} min; a finished run is reused).",
+        f"difference)."
+        + (
+            ""
+            if wall_s is None
+            else f" Wall time of the table: {wall_s / 60:.1f} min (the runs themselves: "
+            f"{sum(x for a in table for x in a.seconds if not math.isnan(x)) / 60:.1f} min; a finished run is reused)."
+        ),
         "",
         "| ablation | knob | step 0 | final | final - baseline |",
         "|---|---|---|---|---|",
@@ -215,3 +220,84 @@ def _plot(table: list[Ablation], png: Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=90)
     plt.close(fig)
+
+
+# --- the table as a Slurm job array (slurm/submit_ablations.sh) ---------------------------------------
+MANIFEST = "array_tasks.tsv"  # one line per array task: name, seed, run dir, then its overrides (tabs)
+
+
+def plan_array(
+    out: Path, *, base: str, seeds: int, only: list[str] | None = None, sft_init: str = ""
+) -> Path:
+    """Writes `out/array_tasks.tsv`: every ablation x seed as the overrides of one RL run. With the
+    report's recipe as the base (`hy_memory_rl`) a task runs the overlay itself (`+exp=ablation_X`);
+    with another base (the tiny `demo_rl`) it applies the overlay's one knob to that base, as the CPU
+    table does. Returns the manifest's path; an ablation that cannot run on this base is left out
+    with its reason on stderr."""
+    rows = []
+    for a in discover(Path(".")):  # its init_checkpoint path is the demo's; replaced below
+        if only and a.name not in only:
+            continue
+        if base == "hy_memory_rl":
+            exp = ["+exp=hy_memory_rl" if a.name == BASELINE else f"+exp=ablation_{a.name}"]
+        elif a.skip_reason or (a.knob == "init_checkpoint" and not sft_init):
+            why = a.skip_reason or "pass --sft-init (the generic SFT checkpoint the overlay starts from)"
+            print(f"ablation {a.name}: not run on {base}: {why}", file=sys.stderr)
+            continue
+        else:
+            knob = [f"init_checkpoint={sft_init}"] if a.knob == "init_checkpoint" else a.overrides
+            exp = [f"+exp={base}", *knob]
+        for seed in range(seeds):
+            run_dir = (out / a.name / f"seed{seed}").resolve()
+            over = [
+                *exp,
+                f"run.seed={seed}",
+                f"run.output_dir={run_dir}",
+                f"run.name=ablation_{a.name}_seed{seed}",
+            ]
+            rows.append("\t".join([a.name, str(seed), str(run_dir), *over]))
+    if not rows:
+        raise ValueError(f"no ablation to run (only={only})")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).write_text("\n".join(rows) + "\n")
+    return out / MANIFEST
+
+
+def collect_array(out: Path, table_path: Path) -> str:
+    """The table from the array's run directories. A run that did not finish (failed, cancelled, still
+    running) is counted and left out of its row's mean, never read as a score."""
+    knobs = {a.name: a.knob for a in discover(Path("."))}
+    table: dict[str, Ablation] = {}
+    missing: dict[str, list[str]] = {}
+    steps = set()
+    for line in (out / MANIFEST).read_text().splitlines():
+        name, seed, run_dir = line.split("\t")[:3]
+        a = table.setdefault(name, Ablation(name, knobs.get(name, "?"), []))
+        rows = [r for r in _history(Path(run_dir)) if METRIC in r]
+        cfg = Path(run_dir) / "config.yaml"
+        want = _num_steps(cfg) if cfg.exists() else None
+        if not rows or want is None or rows[-1]["step"] != want or rows[0]["step"] != 0:
+            missing.setdefault(name, []).append(seed)
+            continue
+        steps.add(want)
+        a.starts.append(rows[0][METRIC])
+        a.finals.append(rows[-1][METRIC])
+    for name, seeds in missing.items():
+        if not table[name].finals:
+            table[name].skip_reason = f"no finished run (seeds {', '.join(seeds)})"
+    n_seeds = max((len(a.finals) for a in table.values()), default=0)
+    text = write_table(
+        list(table.values()), table_path, steps=max(steps, default=0), seeds=n_seeds, wall_s=None
+    )
+    if missing:
+        note = "; ".join(f"{n}: seeds {', '.join(s)}" for n, s in missing.items())
+        text += f"\nUnfinished runs, left out of the means: {note}.\n"
+        table_path.write_text(text)
+    return text
+
+
+def _num_steps(config_yaml: Path) -> int | None:
+    for line in config_yaml.read_text().splitlines():
+        if line.startswith("num_steps:"):
+            return int(line.split(":", 1)[1])
+    return None

@@ -11,7 +11,6 @@ import json
 import pytest
 
 from tests.stages.conftest import OPD_TWO_STEPS
-from tests.stages.test_multi_rank import same_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -47,7 +46,6 @@ def test_two_node_opd_reproduces_one_node(assets, stage, opd_one_rank, two_nodes
     assert sorted(r["node_id"] for r in where["policy"]) == sorted(nodes)  # one replica on each node
     assert {w["node_id"] for w in where["rollout_workers"]} == {worker}  # away from the gateway's node
     assert where["gateway"].startswith(f"http://{nodes[head]}:")  # a routable address, not loopback-only
-    same_run(stage, opd_one_rank, out,
-             ("train/loss", "train/grad_norm", "train/num_loss_tokens", "eval/reverse_kl", "rollout/segments"))  # fmt: skip
+    stage.same_run(opd_one_rank, out, stage.OPD_KEYS)
     m = stage.metrics(out)
     assert m[1]["perf/weight_sync_seconds"] > 0 and m[1]["train/grad_norm"] > 0

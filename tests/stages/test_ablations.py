@@ -71,3 +71,32 @@ def test_runner_micro_scale_table_shape(tmp_path):
         run_table(root, tmp_path / "out", seeds=1, steps=1, eval_rollouts=1, only=only, extra=fast)
     assert len(started) == 1 and "run.name=ablation_no_traps_seed0" in started[0]
     assert not stamp.exists()  # the stale run directory was removed before the re-run
+
+    # the job-array form (slurm/submit_ablations.sh): the tasks it plans are these runs' overrides, and
+    # its table, read back from the run directories, holds the same numbers; a run that never finished
+    # is named and left out of its mean, never read as a score
+    from scripts.demo_lib.ablations import MANIFEST, collect_array, plan_array
+
+    arr = tmp_path / "array"
+    plan_array(arr, base="demo_rl", seeds=1, only=["baseline", "no_traps", "single_harness"])
+    tasks = [line.split("\t") for line in (arr / MANIFEST).read_text().splitlines()]
+    assert [t[:2] for t in tasks] == [["baseline", "0"], ["no_traps", "0"]]  # single_harness: no tiny form
+    assert "++reward.scoring.use_traps=false" in tasks[1] and "+exp=demo_rl" in tasks[1]
+    assert f"run.output_dir={arr.resolve()}/no_traps/seed0" in tasks[1] and "run.seed=0" in tasks[1]
+    full = tmp_path / "array_full"
+    plan_array(full, base="hy_memory_rl", seeds=2, only=["baseline", "single_harness"])
+    exps = [line.split("\t")[3] for line in (full / MANIFEST).read_text().splitlines()]
+    assert (
+        exps == ["+exp=hy_memory_rl"] * 2 + ["+exp=ablation_single_harness"] * 2
+    )  # the overlays as they are
+    # point the manifest at the runs made above, plus one that never ran
+    rows = [[t[0], t[1], str(tmp_path / "out" / t[0] / "seed0"), *t[3:]] for t in tasks]
+    rows.append(["no_traps", "1", str(tmp_path / "out" / "no_traps" / "seed1"), "+exp=demo_rl"])
+    (arr / MANIFEST).write_text("\n".join("\t".join(r) for r in rows) + "\n")
+    text = collect_array(arr, arr / "table.md")
+    got = {
+        r.split("|")[1].strip(): r for r in text.splitlines() if r.startswith("| ") and "ablation" not in r
+    }
+    for a in table[:2]:
+        assert f"| {a.finals[0]:.3f} ± nan |" in got[a.name], (a.name, got[a.name])
+    assert "Unfinished runs, left out of the means: no_traps: seeds 1." in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ class Preemption:
             # a request already here is kept: the job script may write one while this process starts
             # (it clears stale ones before it starts the trainer); a run that finishes drops it (`done`)
             self.marker.unlink(missing_ok=True)
-            signal.signal(signal.SIGUSR1, self._on_signal)
+            if threading.current_thread() is threading.main_thread():  # Python's rule for handlers
+                signal.signal(signal.SIGUSR1, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signalled = True

@@ -91,7 +91,8 @@ def test_scripted_policy_stores_reopens_forks(tmp_path, server, everos):
     server.set_replies(policy())
     meta = everos.open(tmp_path / "bank", create=True)
     res = everos.write_chunk(CHUNK, "s1", "2023-03-05", chunk_index=1)
-    assert (res.status, res.num_llm_calls, res.num_added) == (WriteStatus.OK, 3, 3), res
+    calls = [kind(r.body) for r in server.chat_requests()]
+    assert (res.status, res.num_llm_calls, res.num_added) == (WriteStatus.OK, 3, 3), (res, calls)
     assert sorted(e.text for e in everos.read_all()) == [
         "User has a cat named Pixel.",
         "User lives in Lisbon.",

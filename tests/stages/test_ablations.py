@@ -51,27 +51,6 @@ def test_runner_micro_scale_table_shape(tmp_path):
     # finished runs are reused: a second call starts no process and reads the same numbers
     again = run_table(root, tmp_path / "out", seeds=1, steps=1, eval_rollouts=1, only=only, extra=fast)
     assert [a.finals for a in again] == [a.finals for a in table]
-    # a run from an older metric version (or another command) is re-run from scratch, not reused
-    import scripts.demo_lib.ablations as ab
-
-    stamp = tmp_path / "out" / "no_traps" / "seed0" / "ablation_key.json"
-    stamp.write_text(stamp.read_text().replace(ab.METRIC_VERSION, "v1"))
-    started = []
-
-    def refuse(cmd, **kw):
-        started.append(cmd)
-        return type("R", (), {"returncode": 3})()
-
-    import unittest.mock
-
-    with (
-        unittest.mock.patch.object(ab.subprocess, "run", refuse),
-        pytest.raises(RuntimeError, match="exit 3"),
-    ):
-        run_table(root, tmp_path / "out", seeds=1, steps=1, eval_rollouts=1, only=only, extra=fast)
-    assert len(started) == 1 and "run.name=ablation_no_traps_seed0" in started[0]
-    assert not stamp.exists()  # the stale run directory was removed before the re-run
-
     # the job-array form (slurm/submit_ablations.sh): the tasks it plans are these runs' overrides, and
     # its table, read back from the run directories, holds the same numbers; a run that never finished
     # is named and left out of its mean, never read as a score
@@ -100,3 +79,23 @@ def test_runner_micro_scale_table_shape(tmp_path):
     for a in table[:2]:
         assert f"| {a.finals[0]:.3f} ± nan |" in got[a.name], (a.name, got[a.name])
     assert "Unfinished runs, left out of the means: no_traps: seeds 1." in text
+    # a run from an older metric version (or another command) is re-run from scratch, not reused
+    import scripts.demo_lib.ablations as ab
+
+    stamp = tmp_path / "out" / "no_traps" / "seed0" / "ablation_key.json"
+    stamp.write_text(stamp.read_text().replace(ab.METRIC_VERSION, "v1"))
+    started = []
+
+    def refuse(cmd, **kw):
+        started.append(cmd)
+        return type("R", (), {"returncode": 3})()
+
+    import unittest.mock
+
+    with (
+        unittest.mock.patch.object(ab.subprocess, "run", refuse),
+        pytest.raises(RuntimeError, match="exit 3"),
+    ):
+        run_table(root, tmp_path / "out", seeds=1, steps=1, eval_rollouts=1, only=only, extra=fast)
+    assert len(started) == 1 and "run.name=ablation_no_traps_seed0" in started[0]
+    assert not stamp.exists()  # the stale run directory was removed before the re-run

@@ -5,6 +5,7 @@
 #   scripts/make_harness_venvs.sh                 # every framework that has a lock file
 #   scripts/make_harness_venvs.sh mem0            # just one (CI: the ones its tests need)
 #   FORCE=1 scripts/make_harness_venvs.sh mem0    # rebuild even if the venv matches its lock
+#   JOBS=1 scripts/make_harness_venvs.sh          # one at a time (default: all at once, logs in .venvs/)
 #
 # Each lock file starts with header lines the script reads:
 #   # python: <interpreter>      (python3.11; EverOS needs /root/.pyenv/versions/3.12.1/bin/python)
@@ -24,22 +25,23 @@ if [ ${#frameworks[@]} -eq 0 ]; then
   for f in "$LOCK_DIR"/*.txt; do frameworks+=("$(basename "$f" .txt)"); done
 fi
 
-for fw in "${frameworks[@]}"; do
+build_one() {
+  local fw=$1 lock stamp py pre start tmp
   lock="$LOCK_DIR/$fw.txt"
   if [ ! -f "$lock" ]; then
     echo "make_harness_venvs: no lock file $lock for framework '$fw' (known: $(ls $LOCK_DIR | sed 's/.txt//' | tr '\n' ' '))" >&2
-    exit 2
+    return 2
   fi
   stamp="lock-$(sha1sum "$lock" | cut -c1-12)"
   if [ -z "${FORCE:-}" ] && [ -f "$VENVS/$fw/$stamp" ]; then
     echo "make_harness_venvs: $VENVS/$fw is current ($stamp)"
-    continue
+    return 0
   fi
   py=$(sed -n 's/^# python: *//p' "$lock" | head -1)
   pre=$(sed -n 's/^# pre: *//p' "$lock" | head -1)
   if ! command -v "$py" >/dev/null 2>&1; then
     echo "make_harness_venvs: interpreter '$py' for $fw not found" >&2
-    exit 2
+    return 2
   fi
   start=$(date +%s)
   tmp="$VENVS/.$fw.tmp"
@@ -57,4 +59,27 @@ for fw in "${frameworks[@]}"; do
   # venv scripts hard-code their path; re-create the console entry points' shebangs after the move
   sed -i "1s|^#!.*/\.$fw\.tmp/bin/python.*|#!$(cd "$VENVS/$fw" && pwd)/bin/python|" "$VENVS/$fw"/bin/* 2>/dev/null || true
   echo "make_harness_venvs: $VENVS/$fw ready in $(( $(date +%s) - start )) s"
+}
+
+# The builds are mostly downloads and unpacking, so they overlap well (docs/findings.md, "CI time"):
+# all at once by default, each with its own log; a failed one's log is printed whole.
+if [ "${JOBS:-0}" = 1 ] || [ ${#frameworks[@]} -eq 1 ]; then
+  for fw in "${frameworks[@]}"; do build_one "$fw"; done
+  exit 0
+fi
+declare -A pids
+for fw in "${frameworks[@]}"; do
+  build_one "$fw" >"$VENVS/.$fw.log" 2>&1 &
+  pids[$fw]=$!
 done
+failed=0
+for fw in "${frameworks[@]}"; do
+  if wait "${pids[$fw]}"; then
+    tail -n 1 "$VENVS/.$fw.log"
+  else
+    echo "make_harness_venvs: $fw failed; its log ($VENVS/.$fw.log):" >&2
+    cat "$VENVS/.$fw.log" >&2
+    failed=1
+  fi
+done
+exit $failed

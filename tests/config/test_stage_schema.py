@@ -62,6 +62,8 @@ def test_log_every_thins_console_and_keeps_every_step_in_jsonl(tmp_path, caplog)
         ("cluster.placement.cpus_per_replica=0", r"cluster\.placement\.cpus_per_replica=0\.0: must be > 0"),
         ("rollout.max_worker_restarts=-1", r"rollout\.max_worker_restarts=-1: must be >= 0"),
         ("++rollout.ray_resources={rollout: 0}", r"rollout\.ray_resources=\{'rollout': 0\.0\}: every amount"),
+        # rollout workers on another node cannot reach a loopback gateway (slurm/ passes gateway.host=auto)
+        ("cluster.num_nodes=2", r"gateway\.host=127\.0\.0\.1 on cluster\.num_nodes=2"),
     ],
 )
 def test_replica_and_rollout_worker_knobs_are_validated(override, message):

@@ -50,6 +50,8 @@ from data_pipeline.chunking import (
     select_subsample,
 )
 from data_pipeline.loaders import LoadResult, load_source
+from data_pipeline.memoryarena import load_memoryarena_shopping, load_memoryarena_travel
+from data_pipeline.personamem import load_personamem_v2
 from data_pipeline.schema import (
     NO_SUCH_RECORD,
     EvalItem,
@@ -75,7 +77,13 @@ from data_pipeline.synthetic import SyntheticConfig, SyntheticData, generate
 from data_pipeline.typed_config import CONFIG_DIR, ConfigError, RunConfig, compose, to_typed, to_yaml
 
 log = logging.getLogger(__name__)
-SOURCE_KINDS = ("locomo", "longmemeval", "jsonl", "synthetic")
+# benchmarks with their own loader module (docs/evaluation_benchmarks.md): kind -> loader(path[, name])
+BENCHMARK_LOADERS = {
+    "personamem_v2": load_personamem_v2,
+    "memoryarena_travel": load_memoryarena_travel,
+    "memoryarena_shopping": load_memoryarena_shopping,
+}
+SOURCE_KINDS = ("locomo", "longmemeval", "jsonl", "synthetic", *BENCHMARK_LOADERS)
 JUDGED_BUILD_COMMAND = "python -m reward.judge_validation"  # the build with the reward judge passed in
 DEBUG_ENV = "HYMEM_DEBUG"  # =1: errors keep their traceback (like --debug)
 
@@ -175,7 +183,10 @@ def load_sources(cfg: DataConfig) -> tuple[LoadResult, SyntheticData | None]:
             synth = generate(cfg.synthetic)
             continue
         try:
-            part = load_source(s.kind, s.path, s.name or None, allow_session_gaps=cfg.allow_session_gaps)
+            if s.kind in BENCHMARK_LOADERS:
+                part = BENCHMARK_LOADERS[s.kind](s.path, *([s.name] if s.name else []))
+            else:
+                part = load_source(s.kind, s.path, s.name or None, allow_session_gaps=cfg.allow_session_gaps)
         except RecordError as e:
             hint = ""
             if str(e).endswith("no such file"):

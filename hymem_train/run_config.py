@@ -16,6 +16,7 @@ from omegaconf import MISSING
 from harnesses.registry import HarnessConfig, get_spec
 from hymem_train.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
 from hymem_train.engines.config import EngineConfig
+from hymem_train.evaluation.config import MatrixConfig
 from hymem_train.gateway.config import GatewayConfig
 from hymem_train.models.config import ModelConfig
 from hymem_train.rollout.config import RolloutConfig
@@ -172,12 +173,30 @@ class RlConfig(StageConfig):
 
 
 @dataclass
-class EvaluateConfig(ServeConfig):
-    benchmarks: list[str] = field(
-        default_factory=lambda: ["locomo", "longmemeval"]
-    )  # report section: evaluation
-    subsample_fraction: float = 0.2  # report: fixed 20% subsample
+class EvaluateConfig(MatrixConfig):
+    """`python -m hymem_train.evaluate`: the writer-only swap matrix (hymem_train/evaluation/config.py holds
+    the matrix itself; docs/evaluation.md)."""
+
+    # architecture and tokenizer of checkpoint writers (a step checkpoint's run config.yaml wins)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # the engine that serves checkpoint writers (frozen: no routes captured)
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(capture_routes=False))
+    gateway: GatewayConfig = field(default_factory=lambda: GatewayConfig(frozen=True, embeddings=False))
+    # CPU boxes: serve the fixed reader / judge from local HF engines (their base_url is then set)
+    local_reader: bool = False
+    reader_model: ModelConfig = field(default_factory=ModelConfig)
+    local_judge: bool = False
+    judge_model: ModelConfig = field(default_factory=ModelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        self.model.validate(), self.engine.validate(), self.gateway.validate()
+        if not self.local_reader and not self.protocol.reader.base_url:
+            raise ValueError("protocol.reader.base_url: set the fixed reader endpoint (or local_reader=true)")
+        # the judge endpoint is checked once the data says a benchmark needs one (synthetic data does not)
 
 
 @dataclass

@@ -139,7 +139,7 @@ class RolloutWorker:
         if f"{task.rollout_index}:{pos}" not in self.faults.kill_sandbox:
             return None
         stop = threading.Event()
-        threading.Thread(target=_kill_loop, args=(harness, stop), daemon=True).start()
+        threading.Thread(target=kill_sandboxes_until, args=(harness, stop), daemon=True).start()
         return stop
 
     def _foreign_call(self, cred: str, tid: str) -> None:
@@ -300,7 +300,7 @@ def lost_rollout(task: RolloutTask, reason: str) -> RolloutResult:
     return RolloutResult(record, [], writes, metrics)
 
 
-def _kill_loop(harness, stop) -> None:
+def kill_sandboxes_until(harness, stop) -> None:
     """SIGKILL every sandbox process the harness starts until `stop` is set (each retry included)."""
     import os
     import signal

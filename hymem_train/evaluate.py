@@ -1,0 +1,199 @@
+"""The report's writer-only swap matrix in one command (docs/evaluation.md).
+
+    python -m hymem_train.evaluate +exp=evaluate_demo
+    python -m hymem_train.evaluate +exp=evaluate_locomo 'writers=[{name: base, checkpoint: ckpt/base},
+        {name: hy-memory, base_url: "http://gpu-node:8000/v1", model: hy-memory}]'
+        protocol.reader.base_url=http://reader:8001/v1 protocol.judge.base_url=http://judge:8002/v1
+
+Every writer builds its banks from empty in every harness; only the write path reaches the writer. The
+harnesses' search-time calls, the reader and the judge go to fixed endpoints (a run where the writer
+serves any of them is refused). Output: <run>/eval/{table.md, table.csv, table.png, items.jsonl,
+summary.json, endpoints.json, build_times.jsonl}; a killed run resumes from <run>/eval/cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from harnesses.base import Endpoint, write_json_atomic
+from hymem_train.config import CONFIG_DIR, to_typed, to_yaml
+from hymem_train.evaluation.config import WriterConfig
+from hymem_train.evaluation.matrix import Endpoints, MatrixRun, held_out, plan_matrix
+from hymem_train.evaluation.report import build_table, write_outputs
+from hymem_train.run_config import EvaluateConfig
+
+log = logging.getLogger(__name__)
+
+WRITER_MODEL = "writer"  # the model name a local writer's gateway serves
+
+
+def writer_model_cfg(cfg: EvaluateConfig, w: WriterConfig):
+    from hymem_train.models.loading import require_local_dir
+
+    require_local_dir(w.checkpoint, f"writers[{w.name}].checkpoint")
+    return dataclasses.replace(cfg.model, path=w.checkpoint, preset=w.preset or cfg.model.preset)
+
+
+def writer_tokenizer(cfg: EvaluateConfig, model_cfg):
+    """The checkpoint's own tokenizer when it has one (HF directories do, step checkpoints do not)."""
+    from hymem_train.models.loading import load_tokenizer_for
+
+    if (Path(model_cfg.path) / "tokenizer.json").exists():
+        return load_tokenizer_for(model_cfg)
+    return load_tokenizer_for(cfg.model)
+
+
+@contextlib.contextmanager
+def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
+    """(endpoint, served-call counter) for one writer; a checkpoint is served by the engine in frozen
+    mode behind a gateway of this process for as long as its cell runs."""
+    if w.base_url:
+        yield Endpoint(w.base_url, w.api_key, w.model, timeout_s=600.0), None
+        return
+    from hymem_train.engines import build_engine
+    from hymem_train.gateway.runner import GatewayServer
+    from hymem_train.gateway.server import Gateway
+
+    model_cfg = writer_model_cfg(cfg, w)
+    tok = writer_tokenizer(cfg, model_cfg)
+    engine = build_engine(dataclasses.replace(cfg.engine, capture_routes=False), model_cfg, tok)
+    gcfg = dataclasses.replace(cfg.gateway, frozen=True, embeddings=False, served_model_name=WRITER_MODEL)
+    gateway = Gateway(engine, tok, gcfg)
+    c = gateway.counters
+    with GatewayServer(gateway) as server:
+        log.info("writer %s (%s) served on %s", w.name, w.checkpoint, server.base_url)
+        yield (
+            Endpoint(server.base_url, "EMPTY", WRITER_MODEL, timeout_s=600.0),
+            lambda: c["requests_ok"] + c["bad_request"] + c["engine_error"],
+        )
+
+
+@contextlib.contextmanager
+def fixed_services(cfg: EvaluateConfig):
+    """The embedder (local MiniLM), and the reader / judge from local HF engines when asked (CPU boxes)."""
+    from hymem_train.gateway.local_reader import start_frozen_server
+    from hymem_train.gateway.runner import GatewayServer
+    from hymem_train.gateway.server import Gateway
+    from hymem_train.models.loading import load_tokenizer_for
+
+    with contextlib.ExitStack() as stack:
+        emb = Gateway(None, None, dataclasses.replace(cfg.gateway, frozen=True, embeddings=True))
+        emb_server = stack.enter_context(GatewayServer(emb))
+        proto = cfg.protocol
+        for role, local, model in (("reader", cfg.local_reader, cfg.reader_model),
+                                   ("judge", cfg.local_judge, cfg.judge_model)):  # fmt: skip
+            if local:
+                client = getattr(proto, role)
+                srv = start_frozen_server(model, load_tokenizer_for(model), served_model_name=client.model,
+                                          max_model_len=cfg.engine.max_model_len)  # fmt: skip
+                stack.callback(srv.stop)
+                setattr(proto, role, dataclasses.replace(client, base_url=srv.base_url))
+        yield Endpoint(emb_server.base_url, "EMPTY", emb.embedder.name)
+
+
+def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) the matrix and write its tables; returns the summary and where the files are."""
+    cfg.validate()
+    run_dir = Path(cfg.run.output_dir)
+    out = run_dir / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    plan_matrix(cfg)  # bad data, benchmarks or subsample: refused before any model loads
+    with fixed_services(cfg) as embedder:
+        search = None
+        if cfg.protocol.search_llm == "reader":
+            r = cfg.protocol.reader
+            search = Endpoint(r.base_url, r.api_key, r.model, timeout_s=r.timeout_s)
+        endpoints = Endpoints({}, embedder, search, cfg.protocol.reader, cfg.protocol.judge)
+        matrix = MatrixRun(cfg, out, endpoints, parallel_builds=cfg.parallel_builds, progress=progress)
+        served_calls = {}
+        for w in cfg.writers:
+            with serve_writer(cfg, w) as (ep, served):
+                endpoints.writers[w.name] = ep
+                if served is not None:
+                    endpoints.served[w.name] = served
+                matrix.run([w])
+                served_calls[w.name] = served() if served else None
+        plans = plan_matrix(cfg)
+        records = matrix.all_records(plans)
+    record_endpoints(out, cfg, endpoints, matrix, served_calls)
+    times = record_build_times(out, matrix.build_times)
+    harnesses = list(cfg.harnesses)
+    table = build_table(
+        records, [w.name for w in cfg.writers], harnesses, {h: held_out(cfg.harnesses[h]) for h in harnesses},
+        resamples=cfg.bootstrap_resamples, seed=cfg.seed,
+    )  # fmt: skip
+    header = table_header(cfg, plans)
+    table.notes += [f"bank build seconds per sequence, {h}: {v}" for h, v in times.items()]
+    md = write_outputs(out, table, records, header, {"stats": dict(matrix.stats), "build_seconds": times})
+    return {"table_md": md, "out": str(out), "stats": dict(matrix.stats), "records": records, "table": table}
+
+
+def table_header(cfg: EvaluateConfig, plans) -> list[str]:
+    p = cfg.protocol
+    lines = [f"- command: `{' '.join(sys.argv)}`" if sys.argv and sys.argv[0] else "- command: (library call)"]
+    for w in cfg.writers:
+        lines.append(f"- writer **{w.name}**: " + (f"checkpoint `{w.checkpoint}`" if w.checkpoint else
+                                                   f"endpoint {w.base_url} model `{w.model}`"))  # fmt: skip
+    lines.append(f"- reader: model `{p.reader.model}` at {p.reader.base_url}; judge mode `{p.judge_mode}`"
+                 + (f", judge model `{p.judge.model}` at {p.judge.base_url}" if p.judge_mode == "protocol" else
+                    " (not the report's judge protocol)"))  # fmt: skip
+    for pl in plans:
+        sub = pl.dataset.manifest.eval_subsample
+        n = sum(len(v) for v in pl.items.values())
+        lines.append(f"- {pl.harness}: `{pl.dataset.root}`, {n} items over {len(pl.items)} sequences; subsample "
+                     f"{cfg.subsample} (fraction {sub.get('fraction')}, seed {sub.get('seed')})"
+                     + (f", first {cfg.max_items_per_benchmark} per benchmark" if cfg.max_items_per_benchmark else ""))  # fmt: skip
+    return lines
+
+
+def record_endpoints(out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: MatrixRun, served: dict) -> None:
+    """Which endpoint served which call kind (the run refuses a writer that served anything else)."""
+    rec = {
+        "write": {w: {"base_url": e.base_url, "model": e.model, "served_requests": served.get(w)}
+                  for w, e in ep.writers.items()},  # fmt: skip
+        "write_calls_made": matrix.stats.get("write_calls", 0),
+        "embedder": {"base_url": ep.embedder.base_url, "model": ep.embedder.model} if ep.embedder else None,
+        "search_llm": {"base_url": ep.search.base_url, "model": ep.search.model} if ep.search else None,
+        "reader": {"base_url": ep.reader.base_url, "model": ep.reader.model,
+                   "calls": matrix.stats.get("reader_calls", 0)},  # fmt: skip
+        "judge": {"base_url": ep.judge.base_url, "model": ep.judge.model, "mode": cfg.protocol.judge_mode,
+                  "calls": matrix.stats.get("judge_calls", 0)},  # fmt: skip
+    }
+    write_json_atomic(out / "endpoints.json", rec)
+
+
+def record_build_times(out: Path, times: list[dict[str, Any]]) -> dict[str, str]:
+    """Appends this invocation's bank builds to build_times.jsonl; returns mean seconds per harness."""
+    with open(out / "build_times.jsonl", "a") as f:
+        for t in times:
+            f.write(json.dumps(t) + "\n")
+    all_times = [json.loads(x) for x in (out / "build_times.jsonl").read_text().splitlines() if x.strip()]
+    by: dict[str, list[float]] = defaultdict(list)
+    for t in all_times:
+        if t["status"] == "ok":
+            by[t["harness"]].append(t["seconds"])
+    return {h: f"mean {statistics.mean(v):.1f} s over {len(v)} builds" for h, v in by.items()}
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="evaluate", version_base=None)
+def main(dcfg: DictConfig) -> None:
+    cfg = to_typed(dcfg, EvaluateConfig)
+    res = evaluate(cfg)
+    print(res["table_md"], flush=True)
+    print(f"tables: {res['out']}/table.md, table.csv, table.png; items: {res['out']}/items.jsonl", flush=True)
+
+
+if __name__ == "__main__":
+    main()

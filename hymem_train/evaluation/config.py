@@ -1,0 +1,142 @@
+"""Config of `python -m hymem_train.evaluate` (the report's writer-only swap matrix; docs/evaluation.md).
+No torch, Ray or HTTP import here, so composing and validating a run stays light."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from harnesses.registry import HarnessConfig
+from reward.config import LlmClientConfig
+
+JUDGE_MODES = ("protocol", "token_f1")
+_NAME = re.compile(r"[A-Za-z0-9][\w.+-]*")
+
+
+@dataclass
+class WriterConfig:
+    """One writer (a row of the table): a local checkpoint served in frozen mode behind a gateway of this
+    run, or any OpenAI-compatible endpoint. Only the harnesses' write-path calls go to it."""
+
+    name: str = "???"  # display name (table row, cache directory)
+    # an HF directory (<run>/final, an export) or a DeepSpeed step checkpoint (<run>/checkpoints/step_N)
+    checkpoint: str = ""
+    preset: str = ""  # architecture of a step checkpoint whose run has no config.yaml ("" = the model config)
+    base_url: str = (
+        ""  # or an endpoint, e.g. http://host:8000/v1 of `vllm serve ... --served-model-name hy-memory`
+    )
+    model: str = "hy-memory"  # the model name requests carry (endpoint writers)
+    api_key: str = "EMPTY"
+
+    def validate(self) -> None:
+        if not _NAME.fullmatch(self.name or ""):
+            raise ValueError(f"writers: name {self.name!r} must be a plain name (letters, digits, . _ + -)")
+        if bool(self.checkpoint) == bool(self.base_url):
+            raise ValueError(f"writer {self.name}: set exactly one of checkpoint= and base_url=")
+
+
+@dataclass
+class EvalData:
+    """The evaluation data: built datasets (python -m data_pipeline.build). `path` serves every harness;
+    `per_harness` gives a harness its own chunking profile. Their manifests hold the fixed subsample."""
+
+    path: str = ""
+    per_harness: dict[str, str] = field(default_factory=dict)
+
+    def of(self, harness: str) -> str:
+        return self.per_harness.get(harness, self.path)
+
+    def validate(self, harnesses: list[str]) -> None:
+        missing = [h for h in harnesses if not self.of(h)]
+        if missing:
+            raise ValueError(
+                f"data: no dataset for harness(es) {missing} (data.path or data.per_harness.<h>)"
+            )
+
+
+@dataclass
+class EvalFaults:
+    """Fault injection for the failure accounting's tests: SIGKILL the sandbox of every write attempt of
+    these bank builds, given as "<harness>:<sequence_id>" (the build then fails after its retries)."""
+
+    kill_sandbox: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalProtocol:
+    """The fixed side of the matrix (report: only the writer changes)."""
+
+    reader: LlmClientConfig = field(
+        default_factory=lambda: LlmClientConfig(base_url="", model="reader", max_tokens=64)
+    )
+    judge: LlmClientConfig = field(
+        default_factory=lambda: LlmClientConfig(base_url="", model="judge", max_tokens=128, json_mode=True)
+    )
+    # "protocol": each benchmark's published scorer (LLM judges for LoCoMo / LongMemEval); "token_f1":
+    # LoCoMo's own token-F1 for the judged benchmarks, for boxes without a judge model (marked in the table)
+    judge_mode: str = "protocol"
+    # where the harnesses' own search-time LLM calls go: "reader" (the fixed reader endpoint) or "none"
+    search_llm: str = "reader"
+    search_k: int = 10  # memories retrieved per question through the harness's own search
+
+    def validate(self) -> None:
+        if self.judge_mode not in JUDGE_MODES:
+            raise ValueError(f"protocol.judge_mode={self.judge_mode!r}: want one of {JUDGE_MODES}")
+        if self.search_llm not in ("reader", "none"):
+            raise ValueError(f"protocol.search_llm={self.search_llm!r}: want 'reader' or 'none'")
+        if self.search_k < 1:
+            raise ValueError("protocol.search_k must be >= 1")
+        self.reader.validate(), self.judge.validate()
+
+
+@dataclass
+class MatrixConfig:
+    writers: list[WriterConfig] = field(default_factory=list)
+    harnesses: dict[str, HarnessConfig] = field(default_factory=dict)  # held-out frameworks allowed here
+    data: EvalData = field(default_factory=EvalData)
+    # benchmarks (EvalItem.benchmark values) to score; [] = every benchmark of the data with a protocol
+    benchmarks: list[str] = field(default_factory=list)
+    protocol: EvalProtocol = field(default_factory=EvalProtocol)
+    subsample: str = "fixed"  # "fixed": the build's seeded subsample (report: 20%); "all": every item
+    max_items_per_benchmark: int = 0  # > 0: the first N items of the subsample (in-stage and quick runs)
+    build_retries: int = 1  # re-builds (from empty) of a bank whose build hit a platform failure
+    bootstrap_resamples: int = 1000  # 95% intervals on every cell and on writer differences
+    seed: int = 0  # bootstrap seed
+    parallel_builds: int = 1  # bank builds in flight at once (the writer's engine batches their calls)
+    faults: EvalFaults = field(default_factory=EvalFaults)
+
+    def validate(self) -> None:
+        if not self.writers:
+            raise ValueError("writers: name at least one writer (checkpoint= or base_url=)")
+        for w in self.writers:
+            w.validate()
+        names = [w.name for w in self.writers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"writers: names must be distinct, got {names}")
+        if not self.harnesses:
+            raise ValueError("harnesses: declare at least one harness configuration")
+        for h in self.harnesses.values():
+            h.validate()
+        self.data.validate(list(self.harnesses))
+        self.protocol.validate()
+        if self.subsample not in ("fixed", "all"):
+            raise ValueError(f"subsample={self.subsample!r}: want 'fixed' or 'all'")
+        if min(self.max_items_per_benchmark, self.build_retries, self.bootstrap_resamples) < 0 or self.parallel_builds < 1:
+            raise ValueError(
+                "max_items_per_benchmark, build_retries, bootstrap_resamples must be >= 0, parallel_builds >= 1"
+            )
+        check_no_leak(self.writers, self.protocol)
+
+
+def check_no_leak(writers: list[WriterConfig], protocol: EvalProtocol) -> None:
+    """Refuse a run where a writer endpoint is also a fixed role (report: only the writer changes)."""
+    fixed = {"reader": protocol.reader, "judge": protocol.judge}
+    for w in writers:
+        if not w.base_url:
+            continue
+        for role, c in fixed.items():
+            if c.base_url and c.base_url.rstrip("/") == w.base_url.rstrip("/") and c.model == w.model:
+                raise ValueError(
+                    f"writer {w.name} ({w.base_url}, model {w.model!r}) is also the {role}: the writer would "
+                    f"leak into a fixed role; point protocol.{role} at the fixed model"
+                )

@@ -68,6 +68,31 @@ def render_turn(turn: Turn) -> str:
     return line
 
 
+# session-date layouts of the sources, as they write them (LoCoMo, LongMemEval); ISO passes through
+_DATE_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%Y/%m/%d (%a) %H:%M", "%Y/%m/%d")
+
+
+def iso_date(date: str) -> str:
+    """A chunk's date as ISO 8601 for the harnesses' `write_chunk` (hy-memory and EverOS parse it into a
+    datetime). The data keeps the source's own text (what the writer reads); "" stays "" (undated)."""
+    import datetime as dt
+
+    s = (date or "").strip()
+    if not s:
+        return ""
+    try:
+        dt.datetime.fromisoformat(s)
+        return s  # already ISO: kept as written (the synthetic data's dates)
+    except ValueError:
+        pass
+    for fmt in _DATE_FORMATS:
+        try:
+            return dt.datetime.strptime(s, fmt).isoformat()
+        except ValueError:
+            continue
+    raise ValueError(f"session date {date!r}: not ISO 8601 and not a known source layout {_DATE_FORMATS}")
+
+
 def render_header(date: str) -> str:
     return f"[{date}]" if date else "[no date]"
 

@@ -99,7 +99,8 @@ def fixed_services(cfg: EvaluateConfig):
                                           max_model_len=cfg.engine.max_model_len)  # fmt: skip
                 stack.callback(srv.stop)
                 setattr(proto, role, dataclasses.replace(client, base_url=srv.base_url))
-        yield Endpoint(emb_server.base_url, "EMPTY", emb.embedder.name)
+        # an identity of its own that never declares a chunk (as the training stages' bank readers)
+        yield Endpoint(emb_server.base_url, emb.register("evaluation", bank_id="*"), emb.embedder.name)
 
 
 def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -142,13 +143,16 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
 
 def table_header(cfg: EvaluateConfig, plans) -> list[str]:
     p = cfg.protocol
-    lines = [f"- command: `{' '.join(sys.argv)}`" if sys.argv and sys.argv[0] else "- command: (library call)"]
+    lines = [
+        f"- command: `{' '.join(sys.argv)}`" if sys.argv and sys.argv[0] else "- command: (library call)"
+    ]
     for w in cfg.writers:
         lines.append(f"- writer **{w.name}**: " + (f"checkpoint `{w.checkpoint}`" if w.checkpoint else
                                                    f"endpoint {w.base_url} model `{w.model}`"))  # fmt: skip
+    judged = p.judge_mode == "protocol" and bool(p.judge.base_url)
     lines.append(f"- reader: model `{p.reader.model}` at {p.reader.base_url}; judge mode `{p.judge_mode}`"
-                 + (f", judge model `{p.judge.model}` at {p.judge.base_url}" if p.judge_mode == "protocol" else
-                    " (not the report's judge protocol)"))  # fmt: skip
+                 + (f", judge model `{p.judge.model}` at {p.judge.base_url}" if judged else "")
+                 + (" (token F1: not the report's judge protocol)" if p.judge_mode == "token_f1" else ""))  # fmt: skip
     for pl in plans:
         sub = pl.dataset.manifest.eval_subsample
         n = sum(len(v) for v in pl.items.values())
@@ -161,15 +165,24 @@ def table_header(cfg: EvaluateConfig, plans) -> list[str]:
 def record_endpoints(out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: MatrixRun, served: dict) -> None:
     """Which endpoint served which call kind (the run refuses a writer that served anything else)."""
     rec = {
-        "write": {w: {"base_url": e.base_url, "model": e.model, "served_requests": served.get(w)}
-                  for w, e in ep.writers.items()},  # fmt: skip
+        "write": {
+            w: {"base_url": e.base_url, "model": e.model, "served_requests": served.get(w)}
+            for w, e in ep.writers.items()
+        },  # fmt: skip
         "write_calls_made": matrix.stats.get("write_calls", 0),
         "embedder": {"base_url": ep.embedder.base_url, "model": ep.embedder.model} if ep.embedder else None,
         "search_llm": {"base_url": ep.search.base_url, "model": ep.search.model} if ep.search else None,
-        "reader": {"base_url": ep.reader.base_url, "model": ep.reader.model,
-                   "calls": matrix.stats.get("reader_calls", 0)},  # fmt: skip
-        "judge": {"base_url": ep.judge.base_url, "model": ep.judge.model, "mode": cfg.protocol.judge_mode,
-                  "calls": matrix.stats.get("judge_calls", 0)},  # fmt: skip
+        "reader": {
+            "base_url": ep.reader.base_url,
+            "model": ep.reader.model,
+            "calls": matrix.stats.get("reader_calls", 0),
+        },  # fmt: skip
+        "judge": {
+            "base_url": ep.judge.base_url,
+            "model": ep.judge.model,
+            "mode": cfg.protocol.judge_mode,
+            "calls": matrix.stats.get("judge_calls", 0),
+        },  # fmt: skip
     }
     write_json_atomic(out / "endpoints.json", rec)
 
@@ -190,6 +203,8 @@ def record_build_times(out: Path, times: list[dict[str, Any]]) -> dict[str, str]
 @hydra.main(config_path=CONFIG_DIR, config_name="evaluate", version_base=None)
 def main(dcfg: DictConfig) -> None:
     cfg = to_typed(dcfg, EvaluateConfig)
+    for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per request would bury the progress bars
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     res = evaluate(cfg)
     print(res["table_md"], flush=True)
     print(f"tables: {res['out']}/table.md, table.csv, table.png; items: {res['out']}/items.jsonl", flush=True)

@@ -121,7 +121,10 @@ class MatrixConfig:
         self.protocol.validate()
         if self.subsample not in ("fixed", "all"):
             raise ValueError(f"subsample={self.subsample!r}: want 'fixed' or 'all'")
-        if min(self.max_items_per_benchmark, self.build_retries, self.bootstrap_resamples) < 0 or self.parallel_builds < 1:
+        if (
+            min(self.max_items_per_benchmark, self.build_retries, self.bootstrap_resamples) < 0
+            or self.parallel_builds < 1
+        ):
             raise ValueError(
                 "max_items_per_benchmark, build_retries, bootstrap_resamples must be >= 0, parallel_builds >= 1"
             )

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_pipeline.chunking import iso_date
 from data_pipeline.store import BuiltDataset
 from harnesses.base import Endpoint, PlatformError, WriteStatus, write_json_atomic
 from harnesses.registry import HarnessConfig, get_spec, make_harness
@@ -193,7 +194,7 @@ def build_bank(
             for chunk in chunks[start:]:
                 res = harness.write_chunk(
                     chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id,
-                    chunk.date, chunk_index=chunk.index,
+                    iso_date(chunk.date), chunk_index=chunk.index,
                 )  # fmt: skip
                 if counters is not None:
                     counters["write_calls"] += res.num_llm_calls
@@ -416,8 +417,8 @@ class MatrixRun:
         for w in writers or self.cfg.writers:
             for p in plans:
                 self._run_cell(w, p, reader, judges)
-        self.stats["reader_calls"] = reader.stats["calls"]
-        self.stats["judge_calls"] = sum(j.stats["calls"] for j in judges.values())
+        self.stats["reader_calls"] += reader.stats["calls"]
+        self.stats["judge_calls"] += sum(j.stats["calls"] for j in judges.values())
         return self.all_records(plans)
 
     def units(self, w: WriterConfig, p: HarnessPlan) -> list[Unit]:

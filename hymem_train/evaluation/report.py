@@ -200,26 +200,30 @@ def to_markdown(t: MatrixTable, header: list[str]) -> str:
             row = []
             for col in ["Average", *t.harnesses]:
                 c = t.diffs.get((a, b, col))
-                row.append("-" if c is None else f"{c.mean:+.2f} [{c.lo:+.2f}, {c.hi:+.2f}]" + (
-                    " tie" if c.lo <= 0 <= c.hi else ""))  # fmt: skip
+                if c is None or math.isnan(c.mean) or math.isnan(c.lo):
+                    row.append("-")
+                else:
+                    row.append(
+                        f"{c.mean:+.2f} [{c.lo:+.2f}, {c.hi:+.2f}]" + (" tie" if c.lo <= 0 <= c.hi else "")
+                    )
             L.append(f"| {a} - {b} | " + " | ".join(row) + " |")
         L.append("")
+    not_run = [
+        m for m in REPORT_METRICS if not any(x.split(" (")[0] == m for ms in t.metrics.values() for x in ms)
+    ]
     for h in t.harnesses:
-        ran = t.metrics.get(h, [])
-        extra = [m for m in ran if m.split(" (")[0] not in REPORT_METRICS]
-        cols = [*REPORT_METRICS, *extra]
+        cols = t.metrics.get(h, [])
         L += [f"## {harness_label(h, t)}: per metric", ""]
         L += ["| Writer | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for w in t.writers:
-            row = []
-            for m in cols:
-                hit = [x for x in ran if x == m or x.split(" (")[0] == m]
-                if hit:
-                    row.append(t.cells[(w, h, hit[0])].fmt())
-                else:
-                    row.append(f"not run ({NOT_RUN_REASONS.get(m, 'no data in this run')})")
-            L.append(f"| {w} | " + " | ".join(row) + " |")
+            L.append(f"| {w} | " + " | ".join(t.cells[(w, h, m)].fmt() for m in cols) + " |")
         L.append("")
+    if not_run:
+        L += [
+            "Not run: "
+            + "; ".join(f"{m} ({NOT_RUN_REASONS.get(m, 'no data in this run')})" for m in not_run),
+            "",
+        ]
     if t.categories:
         L += ["## By question category (x100, items scored)", ""]
         L += ["| Writer | Harness | Metric | Category | Score | n |", "|---|---|---|---|---|---|"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_pipeline.chunking import render_turn
+from data_pipeline.chunking import iso_date, render_turn
 from data_pipeline.schema import Chunk, Window
 from harnesses.base import Endpoint, WriteResult, WriteStatus, fork_bank_dirs
 from harnesses.registry import HarnessConfig, make_harness
@@ -205,8 +205,8 @@ class RolloutWorker:
                     self._foreign_call(cred, tid)
                 in_write = True
                 res = harness.write_chunk(
-                    chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id, chunk.date,
-                    chunk_index=chunk.index,
+                    chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id,
+                    iso_date(chunk.date), chunk_index=chunk.index,
                 )  # fmt: skip
                 t_write += time.perf_counter() - t0
                 if killer is not None:

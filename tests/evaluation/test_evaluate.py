@@ -1,0 +1,247 @@
+"""`python -m hymem_train.evaluate`: the writer-only swap matrix on the shared LoCoMo + LongMemEval-S slices.
+
+Writers, reader and judge are scripted stand-in endpoints here (the harness, the data, the judge prompts,
+the cache and the tables are the real ones), so every call can be counted: a killed matrix resumes
+without paying for finished work twice, an injected harness crash is a counted failure and never a 0,
+and a writer that serves a fixed role is refused. Real tiny checkpoints as writers: test_checkpoint_writers.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data_pipeline.build import build, load_config
+from hymem_train.config import compose, to_typed
+from hymem_train.evaluate import evaluate
+from hymem_train.evaluation.matrix import WriterLeakError
+from hymem_train.run_config import EvaluateConfig
+from tests.doubles.openai_server import StandInServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def locomo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("locomo_sample")
+    build(load_config(["+exp=data_locomo_sample", f"out_dir={out}"]))
+    return out / "mem0"
+
+
+def user_text(body):
+    return "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
+
+
+def copy_writer(body):
+    """Stores the chunk's first three lines: enough for some questions, not all."""
+    lines = [ln for ln in user_text(body).splitlines() if ":" in ln][:3]
+    return json.dumps({"ops": [{"op": "ADD", "text": ln[:300]} for ln in lines]})
+
+
+def empty_writer(body):
+    return json.dumps({"ops": []})
+
+
+def reader(body):
+    m = re.search(r"\[1\] (?:\([^)]*\) )?(.*)", user_text(body))
+    return m.group(1)[:200] if m else "no such record"
+
+
+def judge(body):
+    text = user_text(body)
+    m = re.search(r"Gold answer: (.*)\nGenerated answer: (.*)\n", text)
+    if m:  # LoCoMo's published prompt: a JSON label
+        hit = m.group(1).strip().lower()[:12] in m.group(2).lower()
+        return json.dumps({"label": "CORRECT" if hit else "WRONG"})
+    m = re.search(r"(?:Correct Answer|Explanation|Rubric): (.*?)\n\nModel Response: (.*?)\n\n", text, re.S)
+    assert m, text[-400:]  # LongMemEval's per-type prompt: yes / no
+    return "yes" if m.group(1).strip().lower()[:12] in m.group(2).lower() else "no"
+
+
+def overrides(data, out, writers, rd, jd, *extra):
+    ws = ",".join(f"{{name: {n}, base_url: '{s.base_url}', model: {n}}}" for n, s in writers.items())
+    return [
+        "+exp=evaluate_locomo_sample", "~harnesses.mem0", "~harnesses.hy_memory",
+        "harnesses.native.in_process=true", f"data.per_harness.native={data}", f"writers=[{ws}]",
+        f"protocol.reader.base_url={rd.base_url}", f"protocol.judge.base_url={jd.base_url}",
+        "protocol.reader.num_retries=0", "protocol.judge.num_retries=1", "protocol.judge.retry_backoff_s=0",
+        "max_items_per_benchmark=6", "bootstrap_resamples=200", f"run.output_dir={out}", *extra,
+    ]  # fmt: skip
+
+
+def cfg_of(args):
+    return to_typed(compose("evaluate", args), EvaluateConfig)
+
+
+@pytest.fixture
+def servers():
+    with (
+        StandInServer(copy_writer) as a,
+        StandInServer(empty_writer) as b,
+        StandInServer(reader) as rd,
+        StandInServer(judge) as jd,
+    ):
+        yield {"copy": a, "empty": b}, rd, jd
+
+
+def test_table_two_writers_locomo_and_longmemeval(locomo, servers, tmp_path):
+    writers, rd, jd = servers
+    res = evaluate(cfg_of(overrides(locomo, tmp_path, writers, rd, jd)), progress=False)
+    out = Path(res["out"])
+    md = (out / "table.md").read_text()
+    for f in ("table.csv", "table.png", "items.jsonl", "endpoints.json", "plan.json"):
+        assert (out / f).stat().st_size > 0, f
+    assert "| copy |" in md and "| empty |" in md and "LoCoMo Judge" in md and "LongMemEval" in md
+    assert "Not run: PersonaMem-v2" in md and "CMB (no public CMB data" in md
+    recs = [json.loads(x) for x in (out / "items.jsonl").read_text().splitlines()]
+    bench = {r["benchmark"] for r in recs}
+    assert bench == {"locomo", "longmemeval_s"}
+    # the plan is the build's fixed subsample, cut to 6 per benchmark; LoCoMo's category 5 is not scored
+    plan = json.loads((out / "plan.json").read_text())["harnesses"]["native"]["items"]
+    manifest = json.loads((locomo / "manifest.json").read_text())["eval_subsample"]["ids"]
+    assert set(plan) <= set(manifest["locomo"]) | set(manifest["longmemeval_s"])
+    assert not any(r["category"] == "adversarial" for r in recs)
+    assert len(recs) == 2 * len(plan)  # every writer, the same items
+    # the empty writer stores nothing: every answer is "no such record"; the copy writer retrieves text
+    assert all(r.get("retrieved") == [] for r in recs if r["writer"] == "empty")
+    assert any(r.get("retrieved") for r in recs if r["writer"] == "copy")
+    # endpoints: the write path reached only the writers; reader and judge are the fixed ones
+    ep = json.loads((out / "endpoints.json").read_text())
+    assert ep["reader"]["base_url"] == rd.base_url and ep["judge"]["base_url"] == jd.base_url
+    assert ep["reader"]["calls"] == len(rd.chat_requests()) == len(recs)
+    assert (
+        len(writers["copy"].chat_requests())
+        == len(writers["empty"].chat_requests())
+        == ep["write_calls_made"] / 2
+    )
+    # LongMemEval was judged with its per-type prompt and 10-token budget, LoCoMo with the JSON label prompt
+    bodies = jd.chat_bodies()
+    assert any("Is the model response correct? Answer yes or no only." in user_text(b) and b["max_tokens"] == 10
+               for b in bodies)  # fmt: skip
+    assert any('in a json format with the key as "label"' in user_text(b) for b in bodies)
+    csv = (out / "table.csv").read_text()
+    assert "copy,Average,average," in csv and "empty,native,harness_score," in csv
+
+
+def test_kill_and_resume_pays_no_call_twice(locomo, servers, tmp_path):
+    """The matrix runs in a child process; the stand-in writer kills it with SIGKILL in the middle of the
+    second writer's bank builds (the call that triggers the kill is received but never answered). The
+    rerun pays for that one chunk again and for nothing else."""
+    writers, rd, jd = servers
+    args = overrides(locomo, tmp_path, writers, rd, jd)
+    cmd = [sys.executable, "-m", "hymem_train.evaluate", *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    full = evaluate(cfg_of(overrides(locomo, tmp_path / "ref", writers, rd, jd)), progress=False)
+    chunks = len(writers["empty"].chat_requests())  # chunks of the planned sequences, one call each
+    items = len([r for r in full["records"] if r["writer"] == "empty"])
+    for s in (*writers.values(), rd, jd):
+        s.requests.clear()
+
+    child: dict = {"calls": 0}
+    kill_at = chunks // 2
+
+    def empty_then_kill(body):
+        child["calls"] += 1
+        if child["calls"] == kill_at:  # the child dies before this call is answered
+            os.kill(child["pid"], signal.SIGKILL)
+            return 500
+        return empty_writer(body)
+
+    writers["empty"].set_replies(empty_then_kill)
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child["pid"] = p.pid
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == -signal.SIGKILL, log[-3000:]
+    assert not (tmp_path / "eval" / "table.md").exists()
+    paid = {n: len(s.chat_requests(None)) for n, s in writers.items()}
+    assert paid == {"copy": chunks, "empty": kill_at}
+    assert len(rd.chat_requests()) == items  # the first writer's items were read and judged before the kill
+    judged_before = len(jd.chat_requests())
+
+    writers["empty"].set_replies(empty_writer)
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    after = {n: len(s.chat_requests(None)) for n, s in writers.items()}
+    # the copy writer's cell was done: nothing re-paid; the empty writer: the killed chunk once more
+    assert after == {"copy": chunks, "empty": chunks + 1}
+    assert len(rd.chat_requests()) == 2 * items
+    assert len(jd.chat_requests()) == 2 * judged_before
+    resumed = [json.loads(x) for x in (tmp_path / "eval" / "items.jsonl").read_text().splitlines()]
+    ref = [json.loads(x) for x in (tmp_path / "ref" / "eval" / "items.jsonl").read_text().splitlines()]
+    key = lambda r: (r["writer"], r["item_id"])  # noqa: E731
+    assert sorted(resumed, key=key) == sorted(ref, key=key)  # the same table as an uninterrupted run
+
+
+def test_injected_harness_crash_is_a_counted_failure_not_a_zero(locomo, servers, tmp_path):
+    """Every write attempt of one sequence's bank build has its sandbox SIGKILLed: after the harness's
+    retries and the build's re-attempt, that sequence's items are failures, excluded from the mean."""
+    writers, rd, jd = servers
+    base = overrides(
+        locomo, tmp_path / "ok", {"copy": writers["copy"]}, rd, jd, "harnesses.native.in_process=false"
+    )
+    ok = evaluate(cfg_of(base), progress=False)
+    seqs = sorted({r["sequence_id"] for r in ok["records"]})
+    crashed = seqs[0]
+    args = overrides(locomo, tmp_path / "crash", {"copy": writers["copy"]}, rd, jd,
+                     "harnesses.native.in_process=false", f"faults.kill_sandbox=['native:{crashed}']")  # fmt: skip
+    res = evaluate(cfg_of(args), progress=False)
+    recs = res["records"]
+    failed = [r for r in recs if "failure" in r]
+    assert failed and {r["sequence_id"] for r in failed} == {crashed}
+    assert all(r["failure"]["stage"] == "bank_build" and "score" not in r for r in failed)
+    build = json.loads(
+        (Path(res["out"]) / "cache/copy/native" / crashed.replace("/", "_") / "build.json").read_text()
+    )
+    assert build["status"] == "failed" and build["attempts"] == 2
+    t = res["table"]
+    for m in t.metrics["native"]:
+        cell = t.cells[("copy", "native", m)]
+        fails = sum(1 for r in failed if r["metric"] == m)
+        assert cell.failures == fails
+        scored = [r["score"] for r in recs if r["metric"] == m and "score" in r]
+        assert cell.n == len(scored) and (
+            not scored or abs(cell.mean - 100 * sum(scored) / len(scored)) < 1e-9
+        )
+    md = (Path(res["out"]) / "table.md").read_text()
+    assert f"({len(failed)} failed)" in md
+
+
+def test_writer_that_serves_a_fixed_role_is_refused(locomo, servers, tmp_path):
+    writers, rd, jd = servers
+    same = overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd,
+                     f"protocol.reader.base_url={writers['copy'].base_url}", "protocol.reader.model=copy")  # fmt: skip
+    with pytest.raises(ValueError, match="leak into a fixed role"):
+        cfg_of(same).validate()
+    assert not writers["copy"].requests
+
+    # at run time: the reader's calls reach the writer's server under another model name
+    from hymem_train.evaluation import matrix as mx
+
+    args = overrides(locomo, tmp_path / "rt", {"copy": writers["copy"]}, rd, jd,
+                     f"protocol.reader.base_url={writers['copy'].base_url}", "protocol.reader.model=reader")  # fmt: skip
+    served = lambda: len(writers["copy"].requests)  # noqa: E731
+    orig = mx.MatrixRun.run
+
+    def run(self, ws=None):
+        self.endpoints.served["copy"] = served
+        return orig(self, ws)
+
+    mx.MatrixRun.run = run
+    try:
+        with pytest.raises(WriterLeakError, match="served .* call"):
+            evaluate(cfg_of(args), progress=False)
+    finally:
+        mx.MatrixRun.run = orig
+
+
+def test_resume_refuses_another_plan(locomo, servers, tmp_path):
+    writers, rd, jd = servers
+    evaluate(cfg_of(overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd)), progress=False)
+    with pytest.raises(ValueError, match="plan .* differs"):
+        evaluate(cfg_of(overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd, "max_items_per_benchmark=5")),
+                 progress=False)  # fmt: skip

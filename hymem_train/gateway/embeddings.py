@@ -27,5 +27,11 @@ class MiniLMEmbedder:
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         with self._lock:
-            vecs = self._load().encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+            vecs = self._load().encode(
+                texts,
+                batch_size=32,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return [v.tolist() for v in vecs]

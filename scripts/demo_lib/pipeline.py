@@ -6,6 +6,7 @@ Demo code, not part of the hymem_train package: each stage runs as its real entr
 synthetic data (train + held-out) -> oracle demonstrations through the real native harness ->
 SFT of the tiny teacher (writer + reader tasks) -> OPD of a smaller student from the teacher ->
 RL of the student (reader = the frozen teacher, exact-match judge on atomic synthetic answers) ->
+the writer-swap table (SFT, OPD and RL students writing the held-out sequences, python -m hymem_train.evaluate) ->
 a report (text + PNG) with held-out numbers.
 
 The oracle writes the gold operations of each synthetic chunk through the same harness, gateway and
@@ -184,7 +185,7 @@ def run_demo(
     root = Path(root)
     t0 = time.perf_counter()
     timings = {}
-    print(f"[1/6] synthetic data -> {root}/data", flush=True)
+    print(f"[1/7] synthetic data -> {root}/data", flush=True)
     # many sequences, few epochs, names recurring across sequences: so the writer has to copy values
     # from the chunk instead of memorising them (docs/findings.md, "Demo pipeline")
     train = build_data(
@@ -212,7 +213,7 @@ def run_demo(
     )
     timings["data"] = time.perf_counter() - t0
 
-    print("[2/6] oracle demonstrations through the native harness -> SFT data", flush=True)
+    print("[2/7] oracle demonstrations through the native harness -> SFT data", flush=True)
     t = time.perf_counter()
     hcfg = HarnessConfig(framework="native", in_process=True)
     hcfg.native.max_tokens, hcfg.native.num_context_memories = 80, 4
@@ -224,7 +225,7 @@ def run_demo(
 
     # One epoch of short copy episodes stands in for the report's pretrained LLMs; the student gets
     # fewer steps (time budget). ZeRO off on the one CPU rank. Why: docs/findings.md, "Demo pipeline".
-    print("[3/6] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
+    print("[3/7] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
     t = time.perf_counter()
     for name, model, steps in (
         ("teacher", "tiny_teacher", 0),
@@ -238,7 +239,7 @@ def run_demo(
     timings["pretrain"] = time.perf_counter() - t
 
     print(
-        "[4/6] SFT: the tiny teacher, and a short one for the student (python -m hymem_train.sft)", flush=True
+        "[4/7] SFT: the tiny teacher, and a short one for the student (python -m hymem_train.sft)", flush=True
     )
     t = time.perf_counter()
     # teacher: 4 layers, trained on the demonstrations (writer + reader tasks)
@@ -256,7 +257,7 @@ def run_demo(
     timings["sft"] = time.perf_counter() - t
 
     common = [f"data.path={prompts}", f"data.eval_path={held}"]
-    print("[5/6] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
+    print("[5/7] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
     t = time.perf_counter()
     _run(["-m", "hymem_train.opd", "+exp=demo_opd", *common, f"teacher.path={root}/sft/final",
           f"init_checkpoint={root}/student_init/final", f"run.output_dir={root}/opd", *extra.get("opd", [])],
@@ -267,12 +268,22 @@ def run_demo(
     # every harness (the configs' floor never bites on the demo's small banks: docs/findings.md)
     growth, counts["growth_bounds"] = growth_overrides(root / "opd")
     print(f"      {counts['growth_bounds']}", flush=True)
-    print("[6/6] RL: chunk-level GRPO (python -m hymem_train.rl +exp=demo_rl)", flush=True)
+    print("[6/7] RL: chunk-level GRPO (python -m hymem_train.rl +exp=demo_rl)", flush=True)
     t = time.perf_counter()
     _run(["-m", "hymem_train.rl", "+exp=demo_rl", *common, f"init_checkpoint={root}/opd/final",
           f"reader_model.path={root}/sft/final", f"run.output_dir={root}/rl", *growth, *extra.get("rl", [])],
          root / "logs" / "rl.log")  # fmt: skip
     timings["rl"] = time.perf_counter() - t
+
+    print("[7/7] writer-swap table: SFT, OPD and RL students as writers (python -m hymem_train.evaluate "
+          "+exp=evaluate_demo)", flush=True)  # fmt: skip
+    t = time.perf_counter()
+    writers = ", ".join(f"{{name: {n}, checkpoint: '{root}/{d}/final'}}" for n, d in
+                        (("sft", "student_init"), ("opd", "opd"), ("rl", "rl")))  # fmt: skip
+    _run(["-m", "hymem_train.evaluate", "+exp=evaluate_demo", f"writers=[{writers}]", f"data.path={held}",
+          f"reader_model.path={root}/sft/final", f"run.output_dir={root}/swap", *extra.get("eval", [])],
+         root / "logs" / "evaluate.log")  # fmt: skip
+    timings["evaluate"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
     counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
     counts["prompt_sequences"] = num_prompt_sequences
@@ -336,12 +347,31 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         ", ".join(f"{k} {v:.0f}" for k, v in timings.items()),
         "",
         f"curves: {root}/opd/opd_curves.png, {root}/rl/rl_curves.png, {root}/report.png",
+        *swap_table(root / "swap" / "eval"),
     ]
     text = "\n".join(lines) + "\n"
     (root / "report.md").write_text(text)
     _report_png(root, opd, rl)
     print(text)
     return {"kl": kl, "reward": rew, "prm": prm, "pen": pen, "timings": timings}
+
+
+def swap_table(out: Path) -> list[str]:
+    """The writer-swap table's overall rows (the whole table: <out>/table.md)."""
+    md = out / "table.md"
+    if not md.exists():
+        return []
+    rows = [ln for ln in md.read_text().splitlines() if ln.startswith("|")]
+    end = next(
+        (i for i, ln in enumerate(rows[2:], 2) if ln.startswith("| A - B") or ln.startswith("| Writer")),
+        len(rows),
+    )
+    return [
+        "",
+        "## Writer-swap table (held-out sequences, native harness, exact match; x100, 95% CI)",
+        *rows[:end],
+        f"full table, differences and categories: {md}",
+    ]
 
 
 def _report_png(root: Path, opd: list[dict], rl: list[dict]) -> None:

@@ -67,9 +67,17 @@ def test_experiment_composes_and_validates(exp):
         assert cfg.run.name == exp.stem
 
 
-@pytest.mark.parametrize("primary", ["serve", "evaluate"])
+@pytest.mark.parametrize("primary", ["serve"])
 def test_primaries_compose_without_experiment(primary):
     to_typed(compose(primary), SCHEMAS[primary])
+
+
+def test_evaluate_primary_names_what_it_lacks():
+    """The matrix without writers or harnesses says so instead of scoring nothing."""
+    with pytest.raises(ValueError, match="writers: name at least one writer"):
+        to_typed(compose("evaluate"), EvaluateConfig)
+    with pytest.raises(ValueError, match="declare at least one harness"):
+        to_typed(compose("evaluate", ["writers=[{name: a, base_url: 'http://x/v1'}]"]), EvaluateConfig)
 
 
 @pytest.mark.parametrize("primary", ["opd", "rl"])

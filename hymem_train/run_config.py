@@ -16,7 +16,7 @@ from omegaconf import MISSING
 from harnesses.registry import HarnessConfig, get_spec
 from hymem_train.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
 from hymem_train.engines.config import EngineConfig
-from hymem_train.evaluation.config import MatrixConfig
+from hymem_train.evaluation.config import MatrixConfig, StageSwapEval
 from hymem_train.gateway.config import GatewayConfig
 from hymem_train.models.config import ModelConfig
 from hymem_train.rollout.config import RolloutConfig
@@ -67,9 +67,13 @@ class StageConfig:
     # the policy's start: an HF directory (<run>/final) or a DeepSpeed step checkpoint
     # (<run>/checkpoints/step_N, architecture from that run's config.yaml); "" = model config
     init_checkpoint: str = ""
+    swap_eval: StageSwapEval = field(default_factory=StageSwapEval)  # the writer-swap matrix every N steps
 
     def validate(self) -> None:
         self.data.validate(list(self.harnesses))
+        self.swap_eval.validate(list(self.harnesses), has_reader=hasattr(self, "reward"))
+        if self.swap_eval.every and not (self.swap_eval.data or self.data.eval_path):
+            raise ValueError("swap_eval.every > 0 needs swap_eval.data or data.eval_path (a built dataset)")
         self.model.validate(), self.engine.validate(), self.trainer.validate(), self.rollout.validate()
         self.cluster.validate(), self.logging.validate(), self.gateway.validate()
         self.gateway.check_fits(self.engine.max_model_len)

@@ -174,6 +174,10 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
         stage.callbacks = Callbacks(
             [BankSizeLog(run_dir), GatewayCounterDeltas(stage.gateway), StepProfileReport(run_dir)]
         )
+        if cfg.swap_eval.every:  # after the counter deltas: its calls show up in the next step's deltas
+            from hymem_train.callbacks.swap_eval import SwapEval
+
+            stage.callbacks.callbacks.append(SwapEval(stage))
         write_placement(stage, run_dir)
     # collective (ZeRO-3 gathers every shard): every rank, not only the one that owns the engine
     trainer.sync_weights(stage.sync_receivers, version=start_step)

@@ -143,3 +143,35 @@ def check_no_leak(writers: list[WriterConfig], protocol: EvalProtocol) -> None:
                     f"writer {w.name} ({w.base_url}, model {w.model!r}) is also the {role}: the writer would "
                     f"leak into a fixed role; point protocol.{role} at the fixed model"
                 )
+
+
+@dataclass
+class StageSwapEval:
+    """The writer-swap matrix inside a training stage: every `every` steps the current policy (served by
+    the stage's own gateway, each bank build under an identity of its own whose segments are dropped)
+    builds banks from empty on a small fixed subsample; `swap/<harness>` and `swap/average` are logged,
+    the tables go to <run>/swap/step_N/."""
+
+    every: int = 0  # 0 = off
+    data: str = ""  # a built dataset ("" = data.eval_path)
+    harnesses: list[str] = field(default_factory=list)  # declared harness names ([] = the first)
+    benchmarks: list[str] = field(default_factory=list)  # [] = every benchmark of the data with a protocol
+    subsample: str = "fixed"
+    max_items_per_benchmark: int = 8  # small: it runs inside the training loop
+    bootstrap_resamples: int = 200
+    # reader base_url "" = the RL stage's reward reader (OPD has none: set protocol.reader.base_url)
+    protocol: EvalProtocol = field(default_factory=EvalProtocol)
+
+    def validate(self, declared: list[str], has_reader: bool) -> None:
+        if self.every < 0:
+            raise ValueError("swap_eval.every must be >= 0 (0 = off)")
+        if not self.every:
+            return
+        unknown = sorted(set(self.harnesses) - set(declared))
+        if unknown:
+            raise ValueError(
+                f"swap_eval.harnesses: {unknown} are not declared harnesses ({sorted(declared)})"
+            )
+        if not (self.protocol.reader.base_url or has_reader):
+            raise ValueError("swap_eval: set swap_eval.protocol.reader.base_url (this stage has no reader)")
+        self.protocol.validate()

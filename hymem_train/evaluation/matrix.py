@@ -46,6 +46,22 @@ log = logging.getLogger(__name__)
 PROGRESS_FILE = ".eval_progress.json"  # inside ckpt/: the copy and its progress are renamed together
 
 
+class StaticWriter:
+    """A writer reached at one endpoint for every bank build (checkpoint writers, endpoint writers)."""
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
+
+    def begin(self, unit: Unit) -> Endpoint:
+        return self.endpoint
+
+    def chunk(self, unit: Unit, chunk_index: int) -> None:
+        pass
+
+    def end(self, unit: Unit) -> None:
+        pass
+
+
 class WriterLeakError(RuntimeError):
     """A writer served a call outside the write path (report: only the writer changes)."""
 
@@ -68,7 +84,9 @@ class HarnessPlan:
 class Endpoints:
     """What serves which call kind (recorded in <out>/endpoints.json)."""
 
-    writers: dict[str, Endpoint]  # writer name -> its write-path endpoint
+    # writer name -> its write path: an Endpoint, or a session (begin(unit) -> Endpoint, chunk(unit, i),
+    # end(unit)) such as a training stage's own gateway, where each bank build is a registered identity
+    writers: dict[str, Any]
     embedder: Endpoint | None  # the fixed embedder (write and search time)
     search: Endpoint | None  # the harnesses' own search-time LLM calls (a fixed endpoint or none)
     reader: Any  # LlmClientConfig
@@ -170,7 +188,7 @@ class Unit:
 
 
 def build_bank(
-    unit: Unit, chunks: list[Any], hcfg: HarnessConfig, llm: Endpoint, embedder: Endpoint | None,
+    unit: Unit, chunks: list[Any], hcfg: HarnessConfig, writer: Any, embedder: Endpoint | None,
     *, retries: int, kill: bool = False, counters: Counter | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The unit's bank from empty, chunk by chunk; resumes from the last committed chunk."""
@@ -183,6 +201,7 @@ def build_bank(
     error = ""
     for attempt in range(retries + 1):
         start, writes = restore(bank, ckpt)
+        llm = writer.begin(unit)
         harness = make_harness(
             hcfg, llm, embedder, sandbox_root=unit.dir, sandbox_id=f"build-{uuid.uuid4().hex[:8]}"
         )
@@ -192,6 +211,7 @@ def build_bank(
         try:
             harness.open(bank, create=start == 0)
             for chunk in chunks[start:]:
+                writer.chunk(unit, chunk.index)
                 res = harness.write_chunk(
                     chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id,
                     iso_date(chunk.date), chunk_index=chunk.index,
@@ -224,6 +244,7 @@ def build_bank(
             shutdown = getattr(harness, "shutdown", None)
             if callable(shutdown):
                 shutdown()
+            writer.end(unit)
     out = {"status": "failed", "error": error, "seconds": time.perf_counter() - t0, "attempts": retries + 1}
     write_json_atomic(done, out)
     return out
@@ -434,6 +455,8 @@ class MatrixRun:
         for c in p.dataset.tables["chunks"]:
             chunks_of.setdefault(c.sequence_id, []).append(c)
         llm = self.endpoints.writers[w.name]
+        if isinstance(llm, Endpoint):
+            llm = StaticWriter(llm)
         kills = set(self.cfg.faults.kill_sandbox)
 
         def build(u: Unit) -> dict[str, Any]:

@@ -23,35 +23,50 @@ FRAMEWORKS = {
 }  # fmt: skip
 
 
+# mem0 runs the RL half only, from the model config's initial weights: its ~20k-token prompts made its
+# OPD half ~150 s of CI (docs/findings.md, "CI time"); OPD inside a real framework stays covered by the
+# other two, and mem0's OPD write path is the same as its RL one (the rollout worker)
+RL_ONLY = {"mem0"}
+
+
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_opd_then_rl_steps_inside_real_framework(assets, stage, framework):
     if not (VENVS / framework / "bin" / "python").exists():
         pytest.skip(f"{framework} venv missing: scripts/make_harness_venvs.sh {framework}")
     root = assets["root"]
     args = ["~harness@harnesses.native", "~harnesses.native", *FRAMEWORKS[framework], *LONG]
-    opd = root / f"opd_{framework}"
-    stage.run(stage.cmd("opd", assets, opd, "num_steps=1", "save_every=1", "data.eval_path=", *args,
-                        "opd.num_rows_per_step=1", "opd.num_rollouts_per_row=1",
-                        "teacher_engine.max_model_len=32768"),
-              root / f"opd_{framework}.log")  # fmt: skip
-    m = stage.metrics(opd)[1]
-    assert m["rollout/segments"] > 0 and m["gateway/requests_ok"] > 0
+    init = ""
+    if framework not in RL_ONLY:
+        opd = root / f"opd_{framework}"
+        stage.run(stage.cmd("opd", assets, opd, "num_steps=1", "save_every=1", "data.eval_path=", *args,
+                            "opd.num_rows_per_step=1", "opd.num_rollouts_per_row=1",
+                            "teacher_engine.max_model_len=32768"),
+                  root / f"opd_{framework}.log")  # fmt: skip
+        m = stage.metrics(opd)[1]
+        assert m["rollout/segments"] > 0 and m["gateway/requests_ok"] > 0
+        check_embeddings(framework, m)
+        assert m["rollout/platform_error_rollouts"] == 0
+        manifest = json.loads((opd / "schedule_manifest.json").read_text())
+        assert manifest and set(manifest.values()) == {framework}
+        init = f"{opd}/final"
+
+    rl = root / f"rl_{framework}"
+    stage.run(stage.cmd("rl", assets, rl, "num_steps=1", "save_every=1", "data.eval_path=",
+                        f"init_checkpoint={init}", *args, "rl.num_windows_per_step=1"),
+              root / f"rl_{framework}.log")  # fmt: skip
+    m = stage.metrics(rl)[1]
+    assert m["reward/bank_faults"] == 0  # every snapshot opened and searched through its sandbox
+    assert m["reward/reader_calls"] > 0 and m["rollout/platform_error_rollouts"] == 0
+    assert m["rollout/segments"] > 0 and m["train/num_loss_tokens"] > 0
+    check_embeddings(framework, m)
+    lineage = json.loads((rl / "lineage.json").read_text())
+    assert lineage and all(v["harness"] == framework for v in lineage.values())
+
+
+def check_embeddings(framework, m):
     if framework == "memoryos":  # MemOS embeds only what it extracted: nothing when every chunk failed
         assert (
             m["gateway/embedding_requests"] > 0 or m["rollout/policy_error_chunks"] == m["rollout/segments"]
         )
     else:  # mem0 and hy-memory embed the chunk to search existing memories before they decide
         assert m["gateway/embedding_requests"] > 0  # through the gateway's MiniLM
-    assert m["rollout/platform_error_rollouts"] == 0
-    manifest = json.loads((opd / "schedule_manifest.json").read_text())
-    assert manifest and set(manifest.values()) == {framework}
-
-    rl = root / f"rl_{framework}"
-    stage.run(stage.cmd("rl", assets, rl, "num_steps=1", "save_every=1", "data.eval_path=",
-                        f"init_checkpoint={opd}/final", *args, "rl.num_windows_per_step=1"),
-              root / f"rl_{framework}.log")  # fmt: skip
-    m = stage.metrics(rl)[1]
-    assert m["reward/bank_faults"] == 0  # every snapshot opened and searched through its sandbox
-    assert m["reward/reader_calls"] > 0 and m["rollout/platform_error_rollouts"] == 0
-    lineage = json.loads((rl / "lineage.json").read_text())
-    assert lineage and all(v["harness"] == framework for v in lineage.values())

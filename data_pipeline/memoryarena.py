@@ -194,17 +194,7 @@ def _travel(rec: dict, where: str, source: str, out: LoadResult) -> None:
     for k, question in enumerate(questions):
         seq_id = f"{source}/{tid}/s{k:02d}"
         sessions = [background] + [
-            Session(
-                session_id=f"subtask_{j}",
-                date="",
-                turns=[
-                    Turn(turn_id=f"s{j}:0", speaker="user", text=questions[j]),
-                    Turn(
-                        turn_id=f"s{j}:1", speaker="assistant", text=f"Final plan:\n{render_plan(plans[j])}"
-                    ),
-                ],
-            )
-            for j in range(k)
+            _subtask(j, questions[j], f"Final plan:\n{render_plan(plans[j])}") for j in range(k)
         ]
         out.sequences.append(Sequence(sequence_id=seq_id, source=source, sessions=sessions))
         gold = {
@@ -224,6 +214,13 @@ def _travel(rec: dict, where: str, source: str, out: LoadResult) -> None:
                 evidence_session_ids=[s.session_id for s in sessions],
             )
         )
+
+
+def _subtask(j: int, question: str, result: str) -> Session:
+    """Subtask j as a session of the bank's history: its prompt, then its gold result."""
+    turns = [Turn(turn_id=f"s{j}:0", speaker="user", text=question),
+             Turn(turn_id=f"s{j}:1", speaker="assistant", text=result)]  # fmt: skip
+    return Session(session_id=f"subtask_{j}", date="", turns=turns)
 
 
 def _shopping(rec: dict, where: str, source: str, out: LoadResult) -> None:
@@ -249,17 +246,10 @@ def _shopping(rec: dict, where: str, source: str, out: LoadResult) -> None:
     for k, question in enumerate(questions):
         seq_id = f"{source}/{tid}/s{k:02d}"
         sessions = ([background] if background else []) + [
-            Session(
-                session_id=f"subtask_{j}",
-                date="",
-                turns=[
-                    Turn(turn_id=f"s{j}:0", speaker="user", text=questions[j]),
-                    Turn(
-                        turn_id=f"s{j}:1",
-                        speaker="assistant",
-                        text=f"Purchased product {j + 1}: ASIN {targets[j][0]} ({', '.join(targets[j][1])})",
-                    ),
-                ],
+            _subtask(
+                j,
+                questions[j],
+                f"Purchased product {j + 1}: ASIN {targets[j][0]} ({', '.join(targets[j][1])})",
             )
             for j in range(k)
         ]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from data_pipeline.loaders import LOCOMO_CATEGORIES
 from reward.judge import READER_SYSTEM, format_memories, normalise_atomic
 from reward.llm import ParseError
 
@@ -99,14 +100,6 @@ Do NOT include both CORRECT and WRONG in your response, or it will break the eva
 
 Just return the label CORRECT or WRONG in a json format with the key as "label".
 """
-
-LOCOMO_CATEGORIES = {
-    "1": "multi-hop",
-    "2": "temporal",
-    "3": "open-domain",
-    "4": "single-hop",
-    "5": "adversarial",
-}
 
 
 def locomo_judge_messages(item: Any, answer: str) -> Messages:

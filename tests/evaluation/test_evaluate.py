@@ -262,3 +262,27 @@ def test_resume_refuses_another_plan(locomo, servers, tmp_path):
     with pytest.raises(ValueError, match="plan .* differs"):
         evaluate(cfg_of(overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd, "max_items_per_benchmark=5")),
                  progress=False)  # fmt: skip
+
+
+def test_personamem_and_memoryarena_cells(servers, tmp_path):
+    """The fixtures in the published layouts (tests/fixtures/eval_benchmarks), built by the data build and
+    scored through the matrix with their own reader prompts and scorers: each gets its report column."""
+    fix = REPO / "tests" / "fixtures" / "eval_benchmarks"
+    sources = (
+        f"[{{kind: personamem_v2, path: '{fix}/personamem_v2/benchmark/text/benchmark.csv', name: ''}},"
+        f" {{kind: memoryarena_travel, path: '{fix}/memoryarena/group_travel_planner/test.jsonl', name: ''}},"
+        f" {{kind: memoryarena_shopping, path: '{fix}/memoryarena/bundled_shopping/test.jsonl', name: ''}}]"
+    )
+    build(load_config(["+exp=data_report_eval", f"out_dir={tmp_path / 'data'}", f"data.sources={sources}",
+                       "~data.profiles.hy_memory", "~data.profiles.memos"]))  # fmt: skip
+    writers, rd, jd = servers
+    args = overrides(tmp_path / "data" / "mem0", tmp_path / "run", {"copy": writers["copy"]}, rd, jd,
+                     "subsample=all", "max_items_per_benchmark=0")  # fmt: skip
+    res = evaluate(cfg_of(args), progress=False)
+    cols = res["table"].metrics["native"]
+    assert cols == ["PersonaMem-v2", "Travel SPS", "Shopping PS"]  # the report's column order
+    recs = res["records"]
+    assert {r["benchmark"] for r in recs} == {"personamem_v2", "memoryarena_travel", "memoryarena_shopping"}
+    assert all("score" in r for r in recs) and not jd.requests  # scored locally, no judge call
+    # each benchmark's own reader prompt: PersonaMem's multiple choice asks for the letter
+    assert any("Final Answer" in user_text(b) for b in rd.chat_bodies())

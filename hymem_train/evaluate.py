@@ -136,7 +136,7 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
         resamples=cfg.bootstrap_resamples, seed=cfg.seed,
     )  # fmt: skip
     header = table_header(cfg, plans)
-    table.notes += [f"bank build seconds per sequence, {h}: {v}" for h, v in times.items()]
+    table.notes += [f"bank builds, {h}: {v}" for h, v in times.items()]
     md = write_outputs(out, table, records, header, {"stats": dict(matrix.stats), "build_seconds": times})
     return {"table_md": md, "out": str(out), "stats": dict(matrix.stats), "records": records, "table": table}
 
@@ -188,16 +188,19 @@ def record_endpoints(out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: Matr
 
 
 def record_build_times(out: Path, times: list[dict[str, Any]]) -> dict[str, str]:
-    """Appends this invocation's bank builds to build_times.jsonl; returns mean seconds per harness."""
-    with open(out / "build_times.jsonl", "a") as f:
-        for t in times:
-            f.write(json.dumps(t) + "\n")
-    all_times = [json.loads(x) for x in (out / "build_times.jsonl").read_text().splitlines() if x.strip()]
-    by: dict[str, list[float]] = defaultdict(list)
+    """Mean seconds per chunk and per build, per harness, over every build in build_times.jsonl (the matrix
+    appends each as it finishes, across resumed invocations; a resumed build counts only its last part)."""
+    path = out / "build_times.jsonl"
+    all_times = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    by: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for t in all_times:
         if t["status"] == "ok":
-            by[t["harness"]].append(t["seconds"])
-    return {h: f"mean {statistics.mean(v):.1f} s over {len(v)} builds" for h, v in by.items()}
+            by[t["harness"]].append((t["seconds"], t["chunks"]))
+    return {
+        h: f"mean {statistics.mean(s for s, _ in v):.1f} s per build, {sum(s for s, _ in v) / max(1, sum(c for _, c in v)):.1f} "
+        f"s per chunk, over {len(v)} builds"
+        for h, v in by.items()
+    }
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="evaluate", version_base=None)

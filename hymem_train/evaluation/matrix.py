@@ -416,6 +416,7 @@ class MatrixRun:
     progress: bool = True
     stats: Counter = field(default_factory=Counter)
     build_times: list[dict[str, Any]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, writers: list[WriterConfig] | None = None) -> list[dict[str, Any]]:
         """Every writer's banks and answers; returns every item record of the matrix (cached ones too)."""
@@ -466,11 +467,13 @@ class MatrixRun:
             fresh = not (u.dir / "build.json").exists()
             res = build_bank(u, chunks, hcfg, llm, self.endpoints.embedder, retries=self.cfg.build_retries,
                              kill=f"{p.harness}:{u.sequence_id}" in kills, counters=self.stats)  # fmt: skip
-            if fresh:
+            if fresh:  # recorded as it finishes: a killed run keeps the times of what it built
                 self.stats["banks_built"] += 1
-                self.build_times.append({"writer": w.name, "harness": p.harness, "sequence": u.sequence_id,
-                                         "seconds": res["seconds"], "chunks": res.get("chunks", 0),
-                                         "status": res["status"]})  # fmt: skip
+                t = {"writer": w.name, "harness": p.harness, "sequence": u.sequence_id, "seconds": res["seconds"],
+                     "chunks": res.get("chunks", 0), "status": res["status"], "attempts": res["attempts"]}  # fmt: skip
+                with self._lock:
+                    self.build_times.append(t)
+                    append_records(self.out / "build_times.jsonl", [t])
             return res
 
         desc = f"{w.name} | {p.harness} [{', '.join(p.benchmarks)}]"

@@ -23,10 +23,10 @@ FRAMEWORKS = {
 }  # fmt: skip
 
 
-# mem0 runs the RL half only, from the model config's initial weights: its ~20k-token prompts made its
-# OPD half ~150 s of CI (docs/findings.md, "CI time"); OPD inside a real framework stays covered by the
-# other two, and mem0's OPD write path is the same as its RL one (the rollout worker)
-RL_ONLY = {"mem0"}
+# mem0 and MemoryOS run the RL half only, from the model config's initial weights (CI time: mem0's
+# ~20k-token prompts made its OPD half ~150 s; docs/findings.md, "CI time"). OPD inside a real framework
+# stays covered by hy-memory, and the OPD write path is the RL one (the same rollout worker).
+RL_ONLY = {"mem0", "memoryos"}
 
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))

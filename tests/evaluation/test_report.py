@@ -95,3 +95,46 @@ def test_token_f1():
         2 * (1 / 6) / (1 / 6 + 1)
     )  # 6 tokens, 1 shared
     assert token_f1("", "Paris") == 0.0
+
+
+def test_iso_date_converts_the_sources_layouts_and_refuses_others():
+    """hy-memory and EverOS parse write_chunk's date as ISO 8601; LoCoMo and LongMemEval write their own."""
+    from data_pipeline.chunking import iso_date
+
+    assert iso_date("1:56 pm on 8 May, 2023") == "2023-05-08T13:56:00"  # LoCoMo
+    assert iso_date("2023/01/08 (Sun) 12:49") == "2023-01-08T12:49:00"  # LongMemEval
+    assert iso_date("2024-03-01") == "2024-03-01" and iso_date("") == ""  # ISO kept as written; undated
+    with pytest.raises(ValueError, match="not ISO 8601 and not a known source layout"):
+        iso_date("next Tuesday")
+
+
+def test_exact_match_is_refused_on_data_without_atomic_answers(tmp_path):
+    """Silent failure 5: exact match scores only a manifest that declares answers_atomic."""
+    from hymem_train.evaluation.config import EvalData, MatrixConfig
+    from hymem_train.evaluation.matrix import plan_matrix
+
+    class DS:
+        root, tables = (
+            tmp_path,
+            {
+                "eval_items": [
+                    type("I", (), {"benchmark": "synthetic", "item_id": "s/q0", "sequence_id": "s"})()
+                ]
+            },
+        )
+        manifest = type(
+            "M", (), {"answers_atomic": False, "eval_subsample": {"ids": {"synthetic": ["s/q0"]}}}
+        )()
+
+    import hymem_train.evaluation.matrix as mx
+    from harnesses.registry import HarnessConfig
+
+    cfg = MatrixConfig(
+        harnesses={"native": HarnessConfig("native", in_process=True)}, data=EvalData(path=str(tmp_path))
+    )
+    orig, mx.BuiltDataset = mx.BuiltDataset, lambda root: DS
+    try:
+        with pytest.raises(ValueError, match="needs answers_atomic"):
+            plan_matrix(cfg)
+    finally:
+        mx.BuiltDataset = orig

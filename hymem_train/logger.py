@@ -57,6 +57,10 @@ class StepTimer:
         finally:
             self._t[phase] += time.perf_counter() - t0
 
+    def add(self, phase: str, seconds: float) -> None:
+        """Seconds a phase took elsewhere (a batch collected while the previous step trained)."""
+        self._t[phase] += seconds
+
     def pop(self) -> dict[str, float]:
         now = time.perf_counter()
         out = {f"perf/time_{k}_s": v for k, v in self._t.items()}

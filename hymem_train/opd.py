@@ -52,6 +52,7 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
         elif is_driver:
             # 1. rollouts: 2 per data row, each from its own fork of the row's parent bank
             windows = stage.scheduler.next_windows(cfg.opd.num_rows_per_step)
+            stage.callbacks.on_rollouts_start(step)
             with timer("rollout"):
                 groups = stage.collector.collect(windows, cfg.opd.num_rollouts_per_row, step)
             stage.callbacks.on_rollouts(step, groups)

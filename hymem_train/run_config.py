@@ -126,6 +126,9 @@ class RlAlgoConfig:
     # held-out evaluation: sampled rollouts of the first window of every eval sequence, from an empty
     # bank (few cells make the mean per-chunk score noisy: docs/stages.md)
     num_eval_rollouts: int = 2
+    # beyond the report (synchronous): collect step k+1's rollouts while step k trains, one policy
+    # version stale; needs trainer.loss.ratio_source=rollout so the PPO clip sees the staleness
+    overlap_rollout: bool = False
 
 
 @dataclass
@@ -170,6 +173,18 @@ class RlConfig(StageConfig):
         if self.rl.num_eval_rollouts < 1 or self.rl.num_rollouts_per_window < 2:
             raise ValueError(
                 "rl.num_eval_rollouts must be >= 1 and rl.num_rollouts_per_window >= 2 (GRPO groups)"
+            )
+        if self.rl.overlap_rollout and self.trainer.loss.ratio_source != "rollout":
+            # "recompute" takes the ratio against the pre-update trainer policy, which is not the
+            # one that sampled a stale batch: the off-policy step would go uncorrected
+            raise ValueError(
+                "rl.overlap_rollout=true needs trainer.loss.ratio_source=rollout (the engine's log-probs are "
+                f"the stale policy's; {self.trainer.loss.ratio_source!r} would hide the lag from the PPO clip)"
+            )
+        if self.rl.overlap_rollout and self.rollout.mode != "train":
+            raise ValueError(
+                f"rl.overlap_rollout=true overlaps rollouts with training: rollout.mode="
+                f"{self.rollout.mode!r} does one of them only; want rollout.mode=train"
             )
         missing = sorted(set(self.harnesses) - set(self.reward.scoring.growth_bounds))
         if missing:  # silent failure 4, caught before any work

@@ -152,6 +152,8 @@ def test_gateway_deltas_keep_the_rollout_phase_apart_from_the_evaluation():
     gw.calls(10, 1000, 100, 5)  # step 0's evaluation
     cb.on_step_end(0, m0 := {})
     assert "rollout/llm_calls" not in m0
+    gw.calls(7, 700, 70, 7)  # the swap matrix of step 0, run in on_step_end after the counters
+    cb.on_rollouts_start(1)
     gw.calls(16, 1600, 160, 4)  # step 1's rollouts
     cb.on_rollouts(1, [])
     gw.calls(30, 3000, 300, 10)  # step 1's evaluation, after the rollouts
@@ -159,10 +161,16 @@ def test_gateway_deltas_keep_the_rollout_phase_apart_from_the_evaluation():
     assert m1["rollout/llm_calls"] == 16 and m1["rollout/prompt_tokens"] == 1600
     assert m1["rollout/completion_tokens"] == 160 and m1["rollout/engine_batches"] == 4
     assert m1["rollout/mean_batch_size"] == 4.0
-    assert m1["gateway/requests_ok"] == 46 and m1["gateway/engine_batches"] == 14  # the step's deltas
-    assert m1["gateway/mean_batch_size"] == pytest.approx(56 / 19)  # cumulative, as before
+    assert m1["gateway/requests_ok"] == 53 and m1["gateway/engine_batches"] == 21  # the step's deltas
+    assert m1["gateway/mean_batch_size"] == pytest.approx(63 / 26)  # cumulative, as before
     cb.on_step_end(2, m2 := {})  # a step with no rollouts (train_only) logs no rollout share
     assert "rollout/llm_calls" not in m2
+    # rl.overlap_rollout: step 4's rollouts finish (another thread) before step 3's metrics are logged
+    cb.on_rollouts_start(3), gw.calls(8, 800, 80, 2), cb.on_rollouts(3, [])
+    cb.on_rollouts_start(4), gw.calls(12, 1200, 120, 3), cb.on_rollouts(4, [])
+    cb.on_step_end(3, m3 := {})
+    cb.on_step_end(4, m4 := {})
+    assert (m3["rollout/llm_calls"], m4["rollout/llm_calls"]) == (8, 12)
 
 
 def test_reward_token_counters_are_summed_over_groups():

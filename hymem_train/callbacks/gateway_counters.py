@@ -4,7 +4,9 @@ each step's share (the mean batch size stays cumulative: it is a ratio, not a co
 The rollout phase's own share is logged apart (`rollout/llm_calls`, `rollout/prompt_tokens`,
 `rollout/completion_tokens`, `rollout/engine_batches`, and `rollout/mean_batch_size`: the engine's
 batch occupancy while the step's rollouts ran): a step that also evaluates sends the held-out
-rollouts through the same gateway, and its step totals would mix the two."""
+rollouts through the same gateway, and its step totals would mix the two. The share is the counters'
+change between the two rollout hooks, kept per step: with rl.overlap_rollout step k+1's rollouts run
+(in another thread) while step k trains, before step k's metrics are logged."""
 
 from __future__ import annotations
 
@@ -26,20 +28,24 @@ class GatewayCounterDeltas(Callback):
     def __init__(self, gateway: Any):
         self.gateway = gateway
         self.prev: dict[str, float] = {}
-        self.rollout: dict[str, float] = {}  # the rollout phase's share, logged with the step
+        self.started: dict[int, dict[str, float]] = {}  # step -> counters when its rollouts began
+        self.rollout: dict[int, dict[str, float]] = {}  # step -> its rollout phase's share
+
+    def on_rollouts_start(self, step: int) -> None:
+        self.started[step] = self.gateway.metrics()
 
     def on_rollouts(self, step: int, groups: list) -> None:
-        # nothing else calls the policy between the previous step's end and here: this is the rollout's
-        now = self.gateway.metrics()
-        d = {k: now.get(k, 0.0) - self.prev.get(k, 0.0) for k in (*ROLLOUT_SHARE, "gateway/batched_requests")}
-        self.rollout = {ROLLOUT_SHARE[k]: d[k] for k in ROLLOUT_SHARE}
+        # nothing but the step's rollouts calls the policy between the two hooks
+        now, before = self.gateway.metrics(), self.started.pop(step)
+        d = {k: now.get(k, 0.0) - before.get(k, 0.0) for k in (*ROLLOUT_SHARE, "gateway/batched_requests")}
+        share = {ROLLOUT_SHARE[k]: d[k] for k in ROLLOUT_SHARE}
         batches = d["gateway/engine_batches"]
-        self.rollout["rollout/mean_batch_size"] = d["gateway/batched_requests"] / batches if batches else 0.0
+        share["rollout/mean_batch_size"] = d["gateway/batched_requests"] / batches if batches else 0.0
+        self.rollout[step] = share
 
     def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
         now = self.gateway.metrics()
         metrics.update({k: v - self.prev.get(k, 0.0) for k, v in now.items() if k != MEAN_BATCH_SIZE})
         metrics[MEAN_BATCH_SIZE] = now[MEAN_BATCH_SIZE]
-        metrics.update(self.rollout)
-        self.rollout = {}
+        metrics.update(self.rollout.pop(step, {}))
         self.prev = now

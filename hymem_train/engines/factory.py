@@ -25,6 +25,10 @@ def build_engine(cfg: EngineConfig, model_cfg, tokenizer) -> Engine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             capture_routes=cfg.capture_routes,
             seed=cfg.seed,
+            max_logprobs=cfg.max_logprobs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            enforce_eager=cfg.enforce_eager,
+            dtype=model_cfg.dtype,
         )
     from hymem_train.engines.hf import HFEngine
 

@@ -50,6 +50,8 @@ def _filter_logits(logits_V: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
 class HFEngine:
     """Batched generation and teacher top-k scoring with a transformers HYV3 model."""
 
+    full_vocab_logprobs = True  # topk_logprobs(k=vocab size) is affordable: OPD's held-out KL is exact
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -213,6 +215,21 @@ class HFEngine:
                     ids_chunks.append(i.cpu())
                     lp_chunks.append(v.cpu())
                 out.append(TopKLogprobs(ids_TK=torch.cat(ids_chunks), logprobs_TK=torch.cat(lp_chunks)))
+        return out
+
+    def token_logprobs(self, sequences: list[list[int]], position_chunk: int = 1024) -> list[np.ndarray]:
+        """Raw log-prob of each next token: entry t scores token t+1 given tokens <= t ([T-1] float32)."""
+        out: list[np.ndarray] = []
+        with self._lock, torch.inference_mode():
+            for seq in sequences:
+                ids = torch.tensor([seq], device=self.device)
+                h_TH = self.model.model(input_ids=ids).last_hidden_state[0, :-1]
+                nxt = ids[0, 1:]
+                parts = []
+                for s in range(0, h_TH.shape[0], position_chunk):
+                    logp_tV = F.log_softmax(self.model.lm_head(h_TH[s : s + position_chunk]).float(), dim=-1)
+                    parts.append(logp_tV.gather(1, nxt[s : s + position_chunk, None])[:, 0].cpu())
+                out.append(torch.cat(parts).numpy() if parts else np.zeros(0, np.float32))
         return out
 
     # ---- weight sync ---------------------------------------------------------------------------

@@ -52,6 +52,9 @@ class EngineReplica:
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
         return self.engine.topk_logprobs(sequences, k)
 
+    def token_logprobs(self, sequences: list[list[int]]) -> list:
+        return self.engine.token_logprobs(sequences)
+
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         return self.engine.update_weights(named_tensors, version)
 
@@ -145,6 +148,9 @@ class ReplicaPool:
 
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
         return self._fan_out("topk_logprobs", len(sequences), (sequences,), k)
+
+    def token_logprobs(self, sequences: list[list[int]]) -> list:
+        return self._fan_out("token_logprobs", len(sequences), (sequences,))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """One bucket of a sync: the first one opens the group (once) and starts every replica receiving."""

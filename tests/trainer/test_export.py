@@ -273,3 +273,32 @@ def test_load_model_from_a_step_checkpoint_and_the_latest_pointer(tmp_path):
         m = load_model(ModelConfig(path=str(path), attn_implementation="eager"))
         sd = m.state_dict()
         assert all(torch.equal(sd[k], v) for k, v in params.items())
+
+
+def test_a_vllm_stage_exports_an_init_checkpoint_without_vllms_keys(tmp_path):
+    """A plain save_pretrained directory lacks the HYV3 keys vLLM reads (silent failure 11): a stage with
+    engine.kind=vllm serves an export of it (<run>/init_hf) that passes the engine's check."""
+    from types import SimpleNamespace
+
+    from hymem_train.engines.vllm_engine import check_serving_config
+    from hymem_train.models.config import ModelConfig
+    from hymem_train.models.tokenizer import default_tokenizer
+    from hymem_train.stage import engine_model_cfg
+
+    raw = tmp_path / "raw"
+    _tiny(seed=4).save_pretrained(raw)
+    default_tokenizer().save_pretrained(raw)
+    with pytest.raises(ValueError, match="lacks"):
+        check_serving_config(raw)
+    cfg = SimpleNamespace(engine=SimpleNamespace(kind="vllm"), model=ModelConfig(preset="tiny"))
+    served = engine_model_cfg(
+        cfg, ModelConfig(preset="tiny", path=str(raw), dtype="float32"), tmp_path / "run"
+    )
+    assert served.path == str(tmp_path / "run" / "init_hf")
+    check_serving_config(served.path)  # every key written, with transformers' values
+    exported = engine_model_cfg(cfg, served, tmp_path / "run2")  # an export is served as it is
+    assert exported.path == served.path
+    cfg.engine.kind = "hf"  # the HF engine reads the plain directory
+    assert engine_model_cfg(cfg, ModelConfig(preset="tiny", path=str(raw)), tmp_path / "run3").path == str(
+        raw
+    )

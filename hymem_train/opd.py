@@ -21,7 +21,7 @@ from hymem_train.engines.serving import build_served_engine
 from hymem_train.heldout import opd_reverse_kl
 from hymem_train.rollout.collector import sum_rollout_metrics
 from hymem_train.run_config import OpdConfig
-from hymem_train.stage import Stage, build_stage, log_step, write_placement
+from hymem_train.stage import Stage, build_stage, engine_model_cfg, log_step, write_placement
 from hymem_train.trainer.export import export_hf
 from hymem_train.trainer.items import teacher_items
 
@@ -110,8 +110,11 @@ def run(cfg: OpdConfig) -> dict[str, float]:
     failed, teacher = True, None
     try:
         if stage.is_driver:
+            teacher_model = engine_model_cfg(
+                cfg.teacher_engine.kind, cfg.teacher, stage.run_dir / "teacher_hf"
+            )
             teacher = build_served_engine(
-                cfg.teacher_engine, cfg.teacher, stage.tokenizer,
+                cfg.teacher_engine, teacher_model, stage.tokenizer,
                 replicas=cfg.cluster.placement.teacher_replicas, cluster=cfg.cluster,
             )  # fmt: skip
             write_placement(stage, stage.run_dir, teacher=getattr(teacher, "infos", "driver"))

@@ -132,7 +132,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     if stage.is_driver:
         init_ray(cfg.cluster)
         stage.engine = build_served_engine(
-            cfg.engine, engine_model_cfg(cfg, model_cfg, run_dir), tokenizer,
+            cfg.engine, engine_model_cfg(cfg.engine.kind, model_cfg, run_dir / "init_hf", cfg.model), tokenizer,
             replicas=cfg.cluster.placement.policy_replicas, cluster=cfg.cluster,
         )  # fmt: skip
         stage.gateway = Gateway(stage.engine, tokenizer, cfg.gateway)
@@ -226,27 +226,34 @@ def log_data_table(datasets: Any, run_dir: Path) -> str:
     return table
 
 
-def engine_model_cfg(cfg: StageConfig, model_cfg: Any, run_dir: Path) -> Any:
-    """The engine's model config. vLLM reads only HF directories with its HYV3 keys: a step-checkpoint
-    init (the report's RL from OPD step 375), or an HF directory a plain `save_pretrained` wrote, is
-    exported once to `<run>/init_hf` (the trainer loads the original itself)."""
-    if cfg.engine.kind != "vllm" or not model_cfg.path:
+def engine_model_cfg(engine_kind: str, model_cfg: Any, out: Path, fallback_model: Any = None) -> Any:
+    """The model config an engine loads. vLLM reads only HF directories with its HYV3 keys, so it gets an
+    export at `out` (written once) of: a step checkpoint (the report's RL from OPD step 375), an HF
+    directory a plain `save_pretrained` wrote, or, for a model without a path, the preset's initial
+    weights (the stage's first weight sync replaces them with the trainer's). The trainer and the HF
+    engine read the original."""
+    if engine_kind != "vllm":
         return model_cfg
+    import json
+
+    from hymem_train.engines.vllm_engine import SERVING_KEYS
     from hymem_train.models.checkpoint_files import checkpoint_kind
+    from hymem_train.trainer.export import export_checkpoint
 
-    if checkpoint_kind(model_cfg.path) != "deepspeed":
-        import json
-
-        from hymem_train.engines.vllm_engine import SERVING_KEYS
-
+    if model_cfg.path and checkpoint_kind(model_cfg.path) != "deepspeed":
         on_disk = json.loads((Path(model_cfg.path) / "config.json").read_text())
         if all(k in on_disk for k in SERVING_KEYS):
             return model_cfg
-    from hymem_train.trainer.export import export_checkpoint
-
-    out = run_dir / "init_hf"
     if not (out / "config.json").exists():
-        export_checkpoint(model_cfg.path, out, dtype=model_cfg.dtype, fallback_model=cfg.model)
+        if model_cfg.path:
+            export_checkpoint(model_cfg.path, out, dtype=model_cfg.dtype, fallback_model=fallback_model)
+        else:
+            from hymem_train.models.loading import load_model, load_tokenizer_for
+            from hymem_train.trainer.export import CardInfo, _live_tensors, write_hf_dir
+
+            model = load_model(model_cfg)
+            write_hf_dir(_live_tensors(model, 2**28), model.config, out, dtype=None,
+                         tokenizer=load_tokenizer_for(model_cfg), card=CardInfo(source="initial weights"))  # fmt: skip
     return dataclasses.replace(model_cfg, path=str(out))
 
 

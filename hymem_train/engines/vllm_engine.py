@@ -117,6 +117,15 @@ class WeightSyncExtension:
             self.model_runner.model.load_weights(weights=iter(tensors.items()))  # type: ignore[attr-defined]
         return len(tensors)
 
+    def hymem_padded_moe_layers(self) -> list[str]:
+        """MoE layers whose kernel weights are wider than the checkpoint's (the CPU backend pads the
+        intermediate size to its alignment): vLLM 0.32's reload cannot refill them."""
+        inter = self.vllm_config.model_config.hf_config.moe_intermediate_size  # type: ignore[attr-defined]
+        return [
+            n for n, m in self.model_runner.model.named_modules()  # type: ignore[attr-defined]
+            if hasattr(m, "w13_weight") and m.w13_weight.shape[-2] != 2 * inter
+        ]  # fmt: skip
+
     def hymem_finish_weight_update(self) -> int:
         """Finalise the reload; returns how many MoE layers had their CPU kernel layout rebuilt."""
         from vllm.config import set_current_vllm_config
@@ -200,6 +209,15 @@ class VLLMEngine:
             **kwargs,
             **engine_kwargs,
         )
+        # measured, not guessed from the alignment: a padded CPU MoE layer breaks vLLM 0.32's in-place
+        # reload (a shape error inside `_copy_and_restore_kernel_tensors`); generation is unaffected
+        padded = self.llm.collective_rpc("hymem_padded_moe_layers")[0] if on_cpu() else []
+        self.sync_refusal = (
+            f"vLLM CPU padded the MoE intermediate size of {len(padded)} layer(s) ({padded[0]}, ...) to its kernel "
+            "alignment, and vLLM 0.32's in-place reload cannot refill padded layers: weight updates are refused. "
+            "Use a model whose moe_intermediate_size is a multiple of 64 (the tiny_teacher preset), or engine.kind=hf"
+            if padded else ""
+        )  # fmt: skip
 
     def _sampling(self, sp: SamplingParams, **extra: Any):
         vllm = _import_vllm()
@@ -287,6 +305,8 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """One bucket (on-disk names). The first bucket of a sync opens vLLM's layerwise reload; a
         caller that sends no `finish_sync` (a one-off load) gets it closed here after the bucket."""
+        if self.sync_refusal:
+            raise ValueError(self.sync_refusal)
         payload = pack_bucket(named_tensors)
         if not self._sync_open:
             self.llm.collective_rpc("hymem_begin_weight_update")

@@ -202,3 +202,26 @@ def test_route_capture_is_refused_on_cpu_not_returned_empty(models):
 
     with pytest.raises(ValueError, match=r"Model Runner V2, which needs Triton.*capture_routes=false"):
         VLLMEngine(str(models.dir0), [models.tok.eos_token_id], max_model_len=512, capture_routes=True)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU MoE kernels pad; GPU kernels do not")
+def test_weight_updates_into_padded_cpu_moe_layers_are_refused(models, tmp_path, monkeypatch):
+    """tiny_student's MoE width (48) is padded to the CPU kernel's alignment (64); vLLM 0.32's in-place
+    reload then fails with a shape error inside its layer copy. The engine measures the padding at start
+    and refuses updates by name; generation still matches HF."""
+    from hymem_train.engines.base import SamplingParams
+    from hymem_train.engines.vllm_engine import VLLMEngine
+    from hymem_train.models import build_model
+
+    student = build_model("tiny_student", seed=0).float()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    eng = VLLMEngine(str(export(student, tmp_path / "student")), [models.tok.eos_token_id], max_model_len=512,
+                     dtype="float32", capture_routes=False, enforce_eager=True)  # fmt: skip
+    try:
+        p, greedy = _prompt(models.tok), SamplingParams(max_tokens=8, temperature=0)
+        (v,), (h,) = eng.generate([p], [greedy]), hf_engine(student, models.tok).generate([p], [greedy])
+        assert v.response_ids == h.response_ids
+        with pytest.raises(ValueError, match=r"padded the MoE intermediate size of 3 layer\(s\)"):
+            eng.update_weights(list(student.state_dict().items())[:2], version=1)
+    finally:
+        eng.shutdown()

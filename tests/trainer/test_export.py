@@ -278,8 +278,6 @@ def test_load_model_from_a_step_checkpoint_and_the_latest_pointer(tmp_path):
 def test_a_vllm_stage_exports_an_init_checkpoint_without_vllms_keys(tmp_path):
     """A plain save_pretrained directory lacks the HYV3 keys vLLM reads (silent failure 11): a stage with
     engine.kind=vllm serves an export of it (<run>/init_hf) that passes the engine's check."""
-    from types import SimpleNamespace
-
     from hymem_train.engines.vllm_engine import check_serving_config
     from hymem_train.models.config import ModelConfig
     from hymem_train.models.tokenizer import default_tokenizer
@@ -290,15 +288,15 @@ def test_a_vllm_stage_exports_an_init_checkpoint_without_vllms_keys(tmp_path):
     default_tokenizer().save_pretrained(raw)
     with pytest.raises(ValueError, match="lacks"):
         check_serving_config(raw)
-    cfg = SimpleNamespace(engine=SimpleNamespace(kind="vllm"), model=ModelConfig(preset="tiny"))
     served = engine_model_cfg(
-        cfg, ModelConfig(preset="tiny", path=str(raw), dtype="float32"), tmp_path / "run"
+        "vllm", ModelConfig(preset="tiny", path=str(raw), dtype="float32"), tmp_path / "a"
     )
-    assert served.path == str(tmp_path / "run" / "init_hf")
+    assert served.path == str(tmp_path / "a")
     check_serving_config(served.path)  # every key written, with transformers' values
-    exported = engine_model_cfg(cfg, served, tmp_path / "run2")  # an export is served as it is
-    assert exported.path == served.path
-    cfg.engine.kind = "hf"  # the HF engine reads the plain directory
-    assert engine_model_cfg(cfg, ModelConfig(preset="tiny", path=str(raw)), tmp_path / "run3").path == str(
-        raw
-    )
+    assert (
+        engine_model_cfg("vllm", served, tmp_path / "b").path == served.path
+    )  # an export is served as it is
+    # a model without a checkpoint (a run from the preset's initial weights): an export of them
+    fresh = engine_model_cfg("vllm", ModelConfig(preset="tiny", seed=4), tmp_path / "c")
+    check_serving_config(fresh.path)
+    assert engine_model_cfg("hf", ModelConfig(preset="tiny", path=str(raw)), tmp_path / "d").path == str(raw)

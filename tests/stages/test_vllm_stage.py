@@ -1,0 +1,41 @@
+"""OPD with the vLLM engine for both the student and the teacher (the vLLM tier: `make test-vllm` runs this
+under .venvs/vllm_cpu with HYMEM_REQUIRE_VLLM=1; the main venv skips it).
+
+Both engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: one start each of ~3 s instead of ~45 s;
+tests/engines/test_vllm_engine.py covers the multiprocess path). The student is the tiny_teacher preset,
+whose MoE width vLLM's CPU kernels do not pad (docs/vllm.md); the teacher is a plain `save_pretrained`
+directory, which the stage exports for vLLM (`<run>/teacher_hf`)."""
+
+import os
+
+import pytest
+
+if os.environ.get("HYMEM_REQUIRE_VLLM") == "1":
+    import vllm  # noqa: F401  (the vLLM tier must run, not skip)
+else:
+    pytest.importorskip("vllm")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_opd_runs_with_vllm_as_student_and_teacher(assets, stage, tmp_path):
+    out = tmp_path / "opd_vllm"
+    cmd = stage.cmd(
+        "opd", assets, out, "num_steps=2", "save_every=2", "model=tiny_teacher", "engine=vllm",
+        "engine@teacher_engine=vllm", "engine.capture_routes=false", "teacher_engine.capture_routes=false",
+        "engine.enforce_eager=true", "teacher_engine.enforce_eager=true", "teacher_engine.max_model_len=1024",
+    )  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    stage.run(cmd, tmp_path / "opd_vllm.log", env=env)
+    m = stage.metrics(out)
+    assert sorted(m) == [0, 1, 2]
+    # vLLM cannot return a whole vocabulary: the held-out KL is the sampled estimate, at both evaluations
+    for s in (0, 2):
+        assert m[s]["eval/num_positions"] > 0 and "eval/reverse_kl" not in m[s]
+        assert 0 < m[s]["eval/reverse_kl_sampled"] < 20
+    for s in (1, 2):  # the teacher's top-50 came back for every sampled position, the weights went out
+        assert m[s]["rollout/segments"] > 0 and m[s]["distill/teacher_token_coverage"] > 0
+        assert m[s]["train/num_loss_tokens"] > 0 and m[s]["perf/weight_sync_buckets"] >= 1
+    # the engines loaded exports: the student's initial weights, the teacher's plain checkpoint
+    assert (out / "init_hf" / "config.json").exists() and (out / "teacher_hf" / "config.json").exists()
+    assert (out / "final" / "model.safetensors").exists()

@@ -65,8 +65,10 @@ def test_log_every_thins_console_and_keeps_every_step_in_jsonl(tmp_path, caplog)
         # rollout workers on another node cannot reach a loopback gateway (slurm/ passes gateway.host=auto)
         ("cluster.num_nodes=2", r"gateway\.host=127\.0\.0\.1 on cluster\.num_nodes=2"),
         # vLLM caps log-probs per position: a teacher below the top-k would fail at the first step
-        ("teacher_engine.kind=vllm,+teacher_engine.max_logprobs=20",
-         r"teacher_engine\.max_logprobs=20 < opd\.teacher_top_k=50"),
+        (
+            "teacher_engine.kind=vllm,+teacher_engine.max_logprobs=20",
+            r"teacher_engine\.max_logprobs=20 < opd\.teacher_top_k=50",
+        ),
     ],
 )
 def test_replica_and_rollout_worker_knobs_are_validated(override, message):

@@ -66,7 +66,7 @@ def test_log_every_thins_console_and_keeps_every_step_in_jsonl(tmp_path, caplog)
         ("cluster.num_nodes=2", r"gateway\.host=127\.0\.0\.1 on cluster\.num_nodes=2"),
         # vLLM caps log-probs per position: a teacher below the top-k would fail at the first step
         (
-            "teacher_engine.kind=vllm,+teacher_engine.max_logprobs=20",
+            "teacher_engine.kind=vllm,teacher_engine.max_logprobs=20",
             r"teacher_engine\.max_logprobs=20 < opd\.teacher_top_k=50",
         ),
     ],

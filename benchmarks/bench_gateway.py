@@ -44,6 +44,26 @@ def run_clients(args) -> None:
     )
 
 
+def measure(gw, args) -> dict:
+    """Serve `gw`, run the client child process against it: its JSON line, plus the engine batch sizes
+    of the concurrent phase (`sizes`)."""
+    from hymem_train.gateway import GatewayServer
+
+    with GatewayServer(gw) as srv:
+        creds = []
+        for i in range(args.requests):
+            creds.append(gw.register(f"t{i}", f"b{i}"))
+            gw.set_chunk(f"t{i}", 0)
+        n0 = len(gw.batcher.batch_sizes)
+        out = subprocess.run(
+            [sys.executable, __file__, "--url", srv.base_url, "--creds", ",".join(creds), "--clients",
+             str(args.clients), "--max-tokens", str(args.max_tokens)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        sizes = gw.batcher.batch_sizes[n0 + 1 + args.requests :]  # the concurrent phase
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "sizes": sizes}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=16)
@@ -59,7 +79,7 @@ def main() -> None:
     import torch
 
     from hymem_train.engines.hf import HFEngine
-    from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
+    from hymem_train.gateway import Gateway, GatewayConfig
     from hymem_train.models import build_model
     from hymem_train.models.tokenizer import default_tokenizer
 
@@ -69,19 +89,8 @@ def main() -> None:
         build_model(args.preset, seed=0), [tok.eos_token_id], tok.pad_token_id, max_model_len=1024
     )
     gw = Gateway(engine, tok, GatewayConfig(embeddings=False, batch_wait_ms=5))
-    with GatewayServer(gw) as srv:
-        creds = []
-        for i in range(args.requests):
-            creds.append(gw.register(f"t{i}", f"b{i}"))
-            gw.set_chunk(f"t{i}", 0)
-        n0 = len(gw.batcher.batch_sizes)
-        out = subprocess.run(
-            [sys.executable, __file__, "--url", srv.base_url, "--creds", ",".join(creds), "--clients",
-             str(args.clients), "--max-tokens", str(args.max_tokens)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        sizes = gw.batcher.batch_sizes[n0 + 1 + args.requests :]  # the concurrent phase
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = measure(gw, args)
+    sizes = r.pop("sizes")
     seq_tps, conc_tps = r["seq_tokens"] / r["seq_s"], r["conc_tokens"] / r["conc_s"]
     print(f"model={args.preset} requests={args.requests} max_tokens={args.max_tokens}")
     print(f"one-at-a-time : {r['seq_tokens']} tokens in {r['seq_s']:.2f}s = {seq_tps:.1f} tok/s")

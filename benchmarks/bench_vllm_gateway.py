@@ -11,9 +11,7 @@ still hands it static batches through a blocking `LLM.generate` (docs/vllm.md, "
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,25 +19,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # bench_gateway: the client child and `measure`
 
 
 def serve_and_measure(engine, tok, args) -> dict:
-    from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
+    from bench_gateway import measure
 
-    gw = Gateway(engine, tok, GatewayConfig(embeddings=False, batch_wait_ms=5))
-    with GatewayServer(gw) as srv:
-        creds = []
-        for i in range(args.requests):
-            creds.append(gw.register(f"t{i}", f"b{i}"))
-            gw.set_chunk(f"t{i}", 0)
-        n0 = len(gw.batcher.batch_sizes)
-        out = subprocess.run(
-            [sys.executable, str(HERE / "bench_gateway.py"), "--url", srv.base_url, "--creds", ",".join(creds),
-             "--clients", str(args.clients), "--max-tokens", str(args.max_tokens)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        sizes = gw.batcher.batch_sizes[n0 + 1 + args.requests :]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    from hymem_train.gateway import Gateway, GatewayConfig
+
+    r = measure(Gateway(engine, tok, GatewayConfig(embeddings=False, batch_wait_ms=5)), args)
+    sizes = r.pop("sizes")
     r["mean_batch"] = sum(sizes) / max(len(sizes), 1)
     return r
 

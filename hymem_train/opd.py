@@ -21,7 +21,7 @@ from hymem_train.engines.serving import build_served_engine
 from hymem_train.heldout import opd_reverse_kl
 from hymem_train.rollout.collector import sum_rollout_metrics
 from hymem_train.run_config import OpdConfig
-from hymem_train.stage import Stage, build_stage, engine_model_cfg, log_step, write_placement
+from hymem_train.stage import Stage, build_stage, end_step, engine_model_cfg, log_step, write_placement
 from hymem_train.trainer.export import export_hf
 from hymem_train.trainer.items import teacher_items
 
@@ -88,16 +88,8 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
         # 5. advance the windows that finished, evaluate, checkpoint, log
         if is_driver:
             stage.scheduler.advance(done)
-            stage.collector.clean(step)
-            if stage.eval_dataset is not None and (step % cfg.save_every == 0 or step == cfg.num_steps):
-                with timer("eval"):
-                    m.update(evaluate(step))
-        with timer("checkpoint"):
-            stage.checkpoints.maybe_save(step, stage.scheduler)
-        m.update(timer.pop())
-        log_step(stage, step, m)
         last = m
-        if stage.preempted(step):  # checkpointed: a requeued job resumes after this step
+        if end_step(stage, step, m, evaluate):  # preempted: a requeued job resumes after this step
             return last
     export_hf(stage.trainer, cfg.model, stage.run_dir / "final")  # the RL stage's init_checkpoint
     if is_driver:

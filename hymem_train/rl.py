@@ -27,7 +27,7 @@ from hymem_train.gateway.local_reader import start_frozen_server
 from hymem_train.heldout import rl_chunk_reward
 from hymem_train.rollout.collector import WindowRollouts, sum_rollout_metrics
 from hymem_train.run_config import RlConfig
-from hymem_train.stage import Stage, build_stage, log_step
+from hymem_train.stage import Stage, build_stage, end_step, log_step
 from hymem_train.trainer.export import export_hf
 from hymem_train.trainer.items import advantage_items
 from reward.harness_rewards import HarnessRewards, reduce_group_metrics
@@ -159,17 +159,8 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
                 with timer("sync"):
                     m.update(stage.trainer.sync_weights(stage.sync_receivers, step))
             # 6. evaluate, checkpoint, log
-            if is_driver:
-                stage.collector.clean(step)
-                if stage.eval_dataset is not None and (step % cfg.save_every == 0 or step == cfg.num_steps):
-                    with timer("eval"):
-                        m.update(evaluate(step))
-            with timer("checkpoint"):
-                stage.checkpoints.maybe_save(step, stage.scheduler)
-            m.update(timer.pop())
-            log_step(stage, step, m)
             last = m
-            if stage.preempted(step):  # checkpointed: a requeued job resumes after this step
+            if end_step(stage, step, m, evaluate):  # preempted: a requeued job resumes after this step
                 if ready is not None:  # collected for a step this job will not train: dropped
                     stage.collector.clean(ready.step)
                 return last

@@ -257,6 +257,23 @@ def engine_model_cfg(engine_kind: str, model_cfg: Any, out: Path, fallback_model
     return dataclasses.replace(model_cfg, path=str(out))
 
 
+def end_step(stage: Stage, step: int, m: dict[str, float], evaluate: Any) -> bool:
+    """The tail of every stage step: (driver) drop the step's rollout banks and evaluate on the
+    save_every schedule; (every rank) checkpoint, log. Returns whether a preemption request stopped the
+    job here (the step is checkpointed; the loop returns without exporting)."""
+    cfg, timer = stage.cfg, stage.timer
+    if stage.is_driver:
+        stage.collector.clean(step)
+        if stage.eval_dataset is not None and (step % cfg.save_every == 0 or step == cfg.num_steps):
+            with timer("eval"):
+                m.update(evaluate(step))
+    with timer("checkpoint"):
+        stage.checkpoints.maybe_save(step, stage.scheduler)
+    m.update(timer.pop())
+    log_step(stage, step, m)
+    return stage.preempted(step)
+
+
 def log_step(stage: Stage, step: int, metrics: dict[str, float]) -> None:
     """Driver: the step's side-job metrics (callbacks), then the metrics log (the first and the last
     step reach wandb and the console whatever logging.log_every says)."""

@@ -167,3 +167,20 @@ def test_vllm_engine_absent_gives_clear_message():
 
     with pytest.raises(ImportError, match=r"\.\[vllm\]"):
         VLLMEngine("/nonexistent", [1])
+
+
+def test_vllm_engine_never_returns_a_capturing_request_without_routes():
+    """Silent failure 10 at request level (GPU path, no vLLM needed): a capturing engine whose request
+    comes back without routed experts raises instead of yielding a segment with none."""
+    from types import SimpleNamespace
+
+    from hymem_train.engines.vllm_engine import VLLMEngine
+
+    eng = object.__new__(VLLMEngine)  # the parsing only; no vLLM behind it
+    eng.capture_routes = True
+    with pytest.raises(RuntimeError, match="returned no routed experts"):
+        eng._routes(SimpleNamespace(routed_experts=None), prompt_len=3, num_ids=2)
+    ok = eng._routes(SimpleNamespace(routed_experts=np.zeros((4, 2, 2))), prompt_len=3, num_ids=2)
+    assert ok.shape == (5, 2, 2) and (ok[-1] == NOT_ROUTED).all()
+    eng.capture_routes = False
+    assert eng._routes(SimpleNamespace(routed_experts=None), prompt_len=3, num_ids=2) is None

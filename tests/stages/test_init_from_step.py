@@ -7,15 +7,14 @@ import torch
 pytestmark = pytest.mark.slow
 
 
-def test_rl_starts_from_an_opd_step_checkpoint(assets, stage):
+def test_rl_starts_from_an_opd_step_checkpoint(assets, stage, opd_one_rank):
     from safetensors.torch import load_file
 
     from hymem_train.models.config import ModelConfig
     from hymem_train.models.loading import load_model
 
     root = assets["root"]
-    opd = root / "opd_for_step_init"
-    stage.run(stage.cmd("opd", assets, opd, "num_steps=2", "save_every=1"), root / "opd_for_step_init.log")
+    opd = opd_one_rank  # OPD, 2 steps, a step checkpoint each (the shared reference run, read only)
     step2 = opd / "checkpoints" / "step_2"
     assert (opd / "checkpoints" / "latest").read_text().strip() == "step_2"
     # the step checkpoint loads as exactly the weights OPD ended with (its `final` export, fp32)

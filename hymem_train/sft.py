@@ -24,10 +24,9 @@ from omegaconf import DictConfig
 
 from hymem_train.config import CONFIG_DIR, to_typed
 from hymem_train.models.config import ModelConfig
-from hymem_train.models.loading import load_model
 from hymem_train.segments import Segment
 from hymem_train.trainer.config import TrainerConfig
-from hymem_train.trainer.engine import Trainer
+from hymem_train.trainer.engine import Trainer, load_trainer_model
 from hymem_train.trainer.export import export_hf
 from hymem_train.trainer.packing import TrainItem, plan_step
 
@@ -98,7 +97,7 @@ def step_batches(segments: list[Segment], cfg: SftConfig) -> list[list[Segment]]
 
 def run(cfg: SftConfig) -> dict[str, float]:
     out_dir, ckpt_dir = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoints"
-    trainer = Trainer(cfg.trainer, load_model(cfg.model))
+    trainer = Trainer(cfg.trainer, load_trainer_model(cfg.model, cfg.trainer))
     steps = step_batches(load_segments(cfg.data_path), cfg)
     cursor = trainer.load(str(ckpt_dir))["data_cursor"] if (ckpt_dir / "latest").exists() else 0
     metrics: dict[str, float] = {}

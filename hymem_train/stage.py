@@ -99,13 +99,13 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     from hymem_train.engines.serving import build_served_engine
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway
-    from hymem_train.models.loading import load_model, load_tokenizer_for, require_local_dir
+    from hymem_train.models.loading import load_tokenizer_for, require_local_dir
     from hymem_train.rollout.collector import RolloutCollector
     from hymem_train.rollout.harness_factory import BankReaderFactory
     from hymem_train.rollout.lineage import BankLineage
     from hymem_train.rollout.pool import RolloutPool
     from hymem_train.rollout.scheduler import WindowScheduler
-    from hymem_train.trainer.engine import Trainer
+    from hymem_train.trainer.engine import Trainer, load_trainer_model
 
     run_dir = Path(cfg.run.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     model_cfg = dataclasses.replace(cfg.model, path=cfg.init_checkpoint or cfg.model.path)
     # the trainer's model and the engine's are separate copies: weights reach the engine only
     # through the bucketed weight sync, as they do across machines
-    trainer = Trainer(cfg.trainer, load_model(model_cfg))
+    trainer = Trainer(cfg.trainer, load_trainer_model(model_cfg, cfg.trainer))
     log.info("trainer rank %d of %d on host %s", trainer.rank, trainer.world_size, socket.gethostname())
     checkpoints = StageCheckpoints(trainer, run_dir, save_every=cfg.save_every, num_steps=cfg.num_steps)
     start_step, client_state = checkpoints.resume()

@@ -43,12 +43,20 @@ def load_model(cfg: ModelConfig):
 
         if checkpoint_kind(cfg.path) == "deepspeed":  # CheckpointPathError for anything else
             return load_step_checkpoint(cfg)
-        return HYV3ForCausalLM.from_pretrained(
+        model, info = HYV3ForCausalLM.from_pretrained(
             cfg.path,
             local_files_only=True,
             dtype=DTYPES[cfg.dtype],
             attn_implementation=cfg.attn_implementation,
+            output_loading_info=True,
         )
+        # transformers only warns and leaves such a weight at its random init (under ZeRO-3 too)
+        if info["missing_keys"] or info["mismatched_keys"]:
+            raise ValueError(
+                f"model.path={cfg.path}: the checkpoint lacks {sorted(info['missing_keys'])[:5]} and has "
+                f"other shapes for {sorted(info['mismatched_keys'])[:5]}; they would train from random init"
+            )
+        return model
     return build_model(
         make_config(cfg.preset, attn_implementation=cfg.attn_implementation), cfg.seed, DTYPES[cfg.dtype]
     )
@@ -62,11 +70,21 @@ def load_tokenizer_for(cfg: ModelConfig):
 
 
 def load_step_checkpoint(cfg: ModelConfig):
-    """An HYV3ForCausalLM with the module weights of a DeepSpeed step checkpoint (`cfg.path`)."""
+    """An HYV3ForCausalLM with the module weights of a DeepSpeed step checkpoint (`cfg.path`).
+
+    Under ZeRO-3 (`trainer/engine.py load_trainer_model` holds transformers' DeepSpeed config), the
+    model is built partitioned and rank 0 reads and scatters one consolidated parameter at a time."""
+    from transformers import HYV3ForCausalLM
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
     from hymem_train.models.checkpoint_files import DeepSpeedWeights, hf_config_for, step_dir_of
 
     hf_config = hf_config_for(cfg)
-    model = build_model(hf_config, cfg.seed, DTYPES[cfg.dtype])
+    zero3 = is_deepspeed_zero3_enabled()
+    if zero3:  # _from_config builds inside deepspeed.zero.Init when zero3 is on
+        model = HYV3ForCausalLM._from_config(hf_config, dtype=DTYPES[cfg.dtype])
+    else:
+        model = build_model(hf_config, cfg.seed, DTYPES[cfg.dtype])
     weights = DeepSpeedWeights(step_dir_of(cfg.path))
     expected = dict(model.state_dict())
     missing = sorted(set(expected) - set(weights.names()))
@@ -75,12 +93,22 @@ def load_step_checkpoint(cfg: ModelConfig):
         raise ValueError(
             f"{cfg.path}: checkpoint and model config disagree: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
+    params = dict(model.named_parameters())
     with torch.no_grad():
         for name, target in expected.items():  # one consolidated parameter at a time
-            src = weights.get(name)
-            if tuple(src.shape) != tuple(target.shape):
-                raise ValueError(
-                    f"{cfg.path}: {name} has shape {tuple(src.shape)}, the model {tuple(target.shape)}"
-                )
-            target.copy_(src)
+            p = params.get(name)
+            if not zero3 or p is None:  # buffers are not partitioned: every rank sets its own
+                _copy_checked(cfg.path, name, weights.get(name), target)
+                continue
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                if torch.distributed.get_rank() == 0:
+                    _copy_checked(cfg.path, name, weights.get(name), p.data)
     return model
+
+
+def _copy_checked(path: str, name: str, src: torch.Tensor, target: torch.Tensor) -> None:
+    if tuple(src.shape) != tuple(target.shape):
+        raise ValueError(f"{path}: {name} has shape {tuple(src.shape)}, the model {tuple(target.shape)}")
+    target.copy_(src)

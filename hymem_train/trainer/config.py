@@ -76,6 +76,9 @@ class TrainerConfig:
     max_grad_norm: float = 1.0  # global gradient-norm clip (0 = off)
     zero_stage: int = 3  # DeepSpeed ZeRO stage (3 in the report's setup)
     zero_persistence_threshold: int = 100_000  # ZeRO-3: params with fewer elements stay whole (tests: 0)
+    # ZeRO-3: build a checkpoint's model inside deepspeed.zero.Init, so no rank ever holds a full copy
+    # (trainer/engine.py load_trainer_model); off: every rank loads it whole, then DeepSpeed partitions
+    zero_init: bool = True
     precision: str = "auto"  # "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32"
     gradient_checkpointing: bool = True  # recompute decoder layers in backward
     routing_replay: bool = True  # force the rollout engine's experts in the training forward

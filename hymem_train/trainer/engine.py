@@ -67,6 +67,57 @@ def _moe_block_class(model: nn.Module) -> type | None:
     return None
 
 
+def use_bf16(cfg: TrainerConfig) -> bool:
+    return cfg.precision == "bf16" or (cfg.precision == "auto" and torch.cuda.is_available())
+
+
+def deepspeed_config(cfg: TrainerConfig) -> dict:
+    """The DeepSpeed config of the trainer; also the one `deepspeed.zero.Init` partitions the model by."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": cfg.max_grad_norm,
+        "zero_optimization": {
+            "stage": cfg.zero_stage,
+            "overlap_comm": False,
+            "contiguous_gradients": True,
+            "stage3_param_persistence_threshold": cfg.zero_persistence_threshold,
+        },
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": use_bf16(cfg)},
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+
+
+def load_trainer_model(model_cfg, cfg: TrainerConfig) -> nn.Module:
+    """The trainer's copy of the model (`models/loading.py load_model`).
+
+    ZeRO-3 with `trainer.zero_init` (the default) and a checkpoint path: the model is built inside
+    `deepspeed.zero.Init`, so each rank holds only its 1/world partition from construction on. An HF
+    directory goes through transformers' ZeRO-3 loader (rank 0 memory-maps the safetensors shards and
+    scatters one module at a time; the other ranks read shapes only); a DeepSpeed step checkpoint is
+    copied one consolidated parameter at a time (`load_step_checkpoint`). A preset (no path) is built
+    whole: presets are the generated test models. Needs torch.distributed, so it starts it."""
+    from hymem_train.models.loading import load_model
+
+    if cfg.zero_stage != 3 or not cfg.zero_init or not model_cfg.path:
+        return load_model(model_cfg)
+    init_distributed()
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    # transformers keeps only a weak reference: `hf_ds` must live through the load. Unset right after,
+    # so the engines' own loads in this process stay whole.
+    hf_ds = HfDeepSpeedConfig(deepspeed_config(cfg))
+    try:
+        model = load_model(model_cfg)
+    finally:
+        unset_hf_deepspeed_config()
+        del hf_ds
+    return model
+
+
 class Trainer:
     """Owns the DeepSpeed engine; the entry points call `train_step`, `save`, `load`, `sync_weights`."""
 
@@ -78,8 +129,6 @@ class Trainer:
         from deepspeed.utils import set_z3_leaf_modules
 
         seed_everything(cfg.seed)
-        on_gpu = torch.cuda.is_available()
-        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
         if cfg.zero_stage == 3 and (moe := _moe_block_class(model)) is not None:
             set_z3_leaf_modules(model, [moe])
         if cfg.gradient_checkpointing:
@@ -99,22 +148,7 @@ class Trainer:
             weight_decay=cfg.weight_decay,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0)
-        ds_config = {
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "managed_gradient_accumulation": False,
-            "gradient_clipping": cfg.max_grad_norm,
-            "zero_optimization": {
-                "stage": cfg.zero_stage,
-                "overlap_comm": False,
-                "contiguous_gradients": True,
-                "stage3_param_persistence_threshold": cfg.zero_persistence_threshold,
-            },
-            "zero_allow_untested_optimizer": True,
-            "bf16": {"enabled": bf16},
-            "steps_per_print": 1_000_000_000,
-            "wall_clock_breakdown": False,
-        }
+        ds_config = deepspeed_config(cfg)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=self.policy, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )

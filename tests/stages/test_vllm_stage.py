@@ -1,4 +1,4 @@
-"""OPD with the vLLM engine for both the student and the teacher (the vLLM tier: `make test-vllm` runs this
+"""OPD with the vLLM engine for both the student and the teacher, then RL with vLLM rollouts (the vLLM tier: `make test-vllm` runs this
 under .venvs/vllm_cpu with HYMEM_REQUIRE_VLLM=1; the main venv skips it).
 
 Both engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: one start each of ~3 s instead of ~45 s;
@@ -18,7 +18,7 @@ else:
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def test_opd_runs_with_vllm_as_student_and_teacher(assets, stage, tmp_path):
+def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
     out = tmp_path / "opd_vllm"
     cmd = stage.cmd(
         "opd", assets, out, "num_steps=2", "save_every=2", "model=tiny_teacher", "engine=vllm",
@@ -39,3 +39,19 @@ def test_opd_runs_with_vllm_as_student_and_teacher(assets, stage, tmp_path):
     # the engines loaded exports: the student's initial weights, the teacher's plain checkpoint
     assert (out / "init_hf" / "config.json").exists() and (out / "teacher_hf" / "config.json").exists()
     assert (out / "final" / "model.safetensors").exists()
+
+    # RL from the OPD student, its rollouts from vLLM: the policy's weights go out after every step.
+    # No routing replay: vLLM 0.32 captures routes only with Model Runner V2, not on CPU (docs/vllm.md).
+    rl = tmp_path / "rl_vllm"
+    cmd = stage.cmd(
+        "rl", assets, rl, "num_steps=2", "save_every=2", f"init_checkpoint={out}/final", "engine=vllm",
+        "engine.capture_routes=false", "engine.enforce_eager=true", "trainer.routing_replay=false",
+    )  # fmt: skip
+    stage.run(cmd, tmp_path / "rl_vllm.log", env=env)
+    m = stage.metrics(rl)
+    for s in (1, 2):
+        assert m[s]["rollout/segments"] > 0 and m[s]["reward/reader_calls"] > 0, m[s]
+        assert m[s]["train/num_loss_tokens"] > 0 and m[s]["perf/weight_sync_buckets"] >= 1
+    # step 2's rollouts came from the weights step 1 sent: the engine stamps its weight version on them
+    assert m[2]["rollout/policy_lag_max"] == 0
+    assert (rl / "init_hf" / "config.json").exists() and (rl / "final" / "model.safetensors").exists()

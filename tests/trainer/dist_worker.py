@@ -42,6 +42,52 @@ def step_items(step: int, vocab: int, kind: str, num_layers: int, num_experts: i
     return items
 
 
+def trainer_config(args) -> TrainerConfig:
+    # adam_eps >> sqrt(v) makes the AdamW update ~ lr * grad, so a wrongly scaled gradient shows in the
+    # weights (plain Adam is invariant to a global gradient scale and would hide it)
+    return TrainerConfig(
+        lr=args.lr,
+        adam_eps=args.adam_eps,
+        max_grad_norm=0.0,
+        zero_stage=args.zero_stage,
+        zero_persistence_threshold=0,  # partition every parameter, lm_head included, as at full scale
+        zero_init=not args.no_zero_init,
+        loss=LossConfig(kind=args.kind, ratio_source=args.ratio_source, block_rows=16, block_vocab=256),
+        packing=PackingConfig(
+            num_tokens_per_micro_batch=args.capacity, max_segments_per_micro_batch=args.max_segments
+        ),
+    )
+
+
+def load_counted(path: str, cfg: TrainerConfig):
+    """load_trainer_model, counting the parameters this rank read from a step checkpoint, and the
+    partition state of every parameter before DeepSpeed."""
+    from hymem_train.models import checkpoint_files
+    from hymem_train.models.config import ModelConfig
+    from hymem_train.trainer.engine import load_trainer_model
+
+    reads: list[str] = []
+    get = checkpoint_files.DeepSpeedWeights.get
+
+    def counted(self, name):
+        reads.append(name)
+        return get(self, name)
+
+    checkpoint_files.DeepSpeedWeights.get = counted
+    try:
+        model = load_trainer_model(ModelConfig(path=path, attn_implementation="eager"), cfg)
+    finally:
+        checkpoint_files.DeepSpeedWeights.get = get
+    params = dict(model.named_parameters())
+    return model, {
+        "partitioned": [n for n, p in params.items() if hasattr(p, "ds_id") and p.numel() == 0],
+        "num_params": len(params),
+        "local_numel": sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in params.values()),
+        "full_numel": sum(getattr(p, "ds_numel", p.numel()) for p in params.values()),
+        "param_reads": sorted(set(reads) & set(params)),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -56,25 +102,21 @@ def main() -> None:
     ap.add_argument("--adam-eps", type=float, default=1.0)
     ap.add_argument("--zero-stage", type=int, default=3)
     ap.add_argument("--weight-group", default="", help="HOST:PORT:WORLD: sync to replicas after training")
+    ap.add_argument("--init-from", default="", help="a checkpoint (HF dir or step dir) instead of the preset")
+    ap.add_argument("--no-zero-init", action="store_true", help="load --init-from whole on every rank")
     args = ap.parse_args()
     faulthandler.enable(all_threads=True)  # a rank that aborts prints every thread's Python stack
     torch.set_num_threads(1)
-    model = build_model(make_config("tiny", attn_implementation="eager"), seed=0)
+    cfg = trainer_config(args)
+    load = {}
+    if args.init_from:
+        model, load = load_counted(args.init_from, cfg)
+    else:
+        model = build_model(make_config("tiny", attn_implementation="eager"), seed=0)
     mc = model.config
-    # adam_eps >> sqrt(v) makes the AdamW update ~ lr * grad, so a wrongly scaled gradient shows in the
-    # weights (plain Adam is invariant to a global gradient scale and would hide it)
-    cfg = TrainerConfig(
-        lr=args.lr,
-        adam_eps=args.adam_eps,
-        max_grad_norm=0.0,
-        zero_stage=args.zero_stage,
-        zero_persistence_threshold=0,  # partition every parameter, lm_head included, as at full scale
-        loss=LossConfig(kind=args.kind, ratio_source=args.ratio_source, block_rows=16, block_vocab=256),
-        packing=PackingConfig(
-            num_tokens_per_micro_batch=args.capacity, max_segments_per_micro_batch=args.max_segments
-        ),
-    )
     tr = Trainer(cfg, model)
+    if load:  # every rank's view of the load, before DeepSpeed touched the model
+        Path(f"{args.out}.load{tr.rank}.json").write_text(json.dumps(load))
     start = 0
     if args.load_dir:
         start = int(tr.load(args.load_dir)["data_cursor"])

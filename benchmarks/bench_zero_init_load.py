@@ -75,7 +75,9 @@ def main() -> None:
         build_model(_config(), seed=0).save_pretrained(hf, max_shard_size="100MB")
     n = count_params(_config()).total
     shards = len(list(hf.glob("*.safetensors")))
-    print(f"model: {n / 1e6:.1f}M parameters, {4 * n / 2**20:.0f} MiB in fp32, {shards} safetensors shards; 2 ranks")
+    print(
+        f"model: {n / 1e6:.1f}M parameters, {4 * n / 2**20:.0f} MiB in fp32, {shards} safetensors shards; 2 ranks"
+    )
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     recs = {}
@@ -94,7 +96,9 @@ def main() -> None:
                   f"{x['anon_added'] / (4 * n):.2f} | {x['seconds']:.1f} | {x['local_params'] / n:.2f} |")  # fmt: skip
     for r in range(2):
         off, on = recs["0"][r]["anon_added"], recs["1"][r]["anon_added"]
-        print(f"rank {r}: zero_init on adds {on / off:.2f}x the anonymous memory of off ({off / max(on, 1):.1f}x less)")
+        print(
+            f"rank {r}: zero_init on adds {on / off:.2f}x the anonymous memory of off ({off / max(on, 1):.1f}x less)"
+        )
 
 
 if __name__ == "__main__":

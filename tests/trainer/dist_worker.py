@@ -82,7 +82,9 @@ def load_counted(path: str, cfg: TrainerConfig):
     return model, {
         "partitioned": [n for n, p in params.items() if hasattr(p, "ds_id") and p.numel() == 0],
         "num_params": len(params),
-        "local_numel": sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in params.values()),
+        "local_numel": sum(
+            p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in params.values()
+        ),
         "full_numel": sum(getattr(p, "ds_numel", p.numel()) for p in params.values()),
         "param_reads": sorted(set(reads) & set(params)),
     }

@@ -24,13 +24,17 @@ def test_zero_init_partitions_at_load_trains_the_same_and_reads_step_checkpoints
 
     hf = tmp_path / "hf"
     # several safetensors shards, as a 30B checkpoint has
-    build_model(make_config("tiny", attn_implementation="eager"), seed=0).save_pretrained(hf, max_shard_size="200KB")
+    build_model(make_config("tiny", attn_implementation="eager"), seed=0).save_pretrained(
+        hf, max_shard_size="200KB"
+    )
     assert len(list(hf.glob("*.safetensors"))) > 3
 
     run = tmp_path / "run"  # a stage run's layout: its config.yaml names the architecture's source
     run.mkdir()
     (run / "config.yaml").write_text(f"init_checkpoint: {hf}\nmodel:\n  preset: tiny\n")
-    m_zi, p_zi = run_worker(2, tmp_path / "zi", "--init-from", str(hf), "--save-dir", str(run / "checkpoints"))
+    m_zi, p_zi = run_worker(
+        2, tmp_path / "zi", "--init-from", str(hf), "--save-dir", str(run / "checkpoints")
+    )
     m_whole, p_whole = run_worker(2, tmp_path / "whole", "--init-from", str(hf), "--no-zero-init")
 
     # before DeepSpeed: under zero_init every parameter is already a partition (no rank built it whole),

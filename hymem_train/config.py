@@ -85,7 +85,7 @@ class PlacementConfig:
     train_gpus: int = 0  # GPUs of the training ranks, one rank each; 0 = every GPU the other pools leave
     policy_replicas: int = 0  # split: vLLM policy replicas; colocated: 0 (= train_gpus / TP) or that number
     teacher_replicas: int = 0  # OPD: vLLM replicas of the frozen teacher (its own GPUs in both modes)
-    # On a CPU box (num_gpus_per_node=0) policy_replicas / teacher_replicas > 0 are HF engine replicas as
+    # On a CPU box (num_gpus_per_node=0) policy / teacher / reader / judge replicas are HF engine replicas as
     # CPU Ray actors (0: the engine in the driver process); the simulated multi-node tests use them.
     cpus_per_replica: float = 1.0  # Ray CPUs per engine replica actor (its host process)
     # Ray placement-group strategy of a replica pool: PACK fills nodes (TP groups and their NVLink stay in
@@ -145,8 +145,9 @@ class ClusterConfig:
         self.placement.validate()
         if self.num_gpus_per_node == 0:
             # a CPU box: trainer ranks as torchrun starts them; policy/teacher replicas, if asked for, are
-            # CPU Ray actors (HF engines: the multi-node simulation); no vLLM reader/judge pools there
-            cpu_ok = ("cluster.placement.policy_replicas", "cluster.placement.teacher_replicas")
+            # CPU Ray actors (HF engines: the multi-node simulation), and so are reader / judge pools
+            cpu_ok = ("cluster.placement.policy_replicas", "cluster.placement.teacher_replicas",
+                      "cluster.placement.reader.replicas", "cluster.placement.judge.replicas")  # fmt: skip
             asked = {k: n for k, n in self.placement.gpu_requests().items() if n > 0 and k not in cpu_ok}
             if asked:
                 raise ValueError(

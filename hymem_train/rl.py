@@ -23,11 +23,11 @@ from omegaconf import DictConfig
 
 from hymem_train.callbacks.plots import CurvePlot
 from hymem_train.config import CONFIG_DIR, to_typed
-from hymem_train.gateway.local_reader import start_frozen_server
+from hymem_train.gateway.local_reader import start_frozen_pool, start_frozen_server
 from hymem_train.heldout import rl_chunk_reward
 from hymem_train.rollout.collector import WindowRollouts, sum_rollout_metrics
 from hymem_train.run_config import RlConfig
-from hymem_train.stage import Stage, build_stage, end_step, log_step
+from hymem_train.stage import Stage, build_stage, end_step, log_step, write_placement
 from hymem_train.trainer.export import export_hf
 from hymem_train.trainer.items import advantage_items
 from reward.harness_rewards import HarnessRewards, reduce_group_metrics
@@ -184,18 +184,55 @@ def overlap_metrics(batch: Batch, trained: tuple[float, float]) -> dict[str, flo
     }
 
 
+def start_frozen_models(stage: Stage, cfg: RlConfig) -> list[Any]:
+    """The frozen reader and judge the stage serves itself, and the reward clients pointed at them:
+    a pool of replicas where cluster.placement.<role>.replicas > 0 (placement.json says where), else
+    the CPU box's in-process reader (`local_reader`); otherwise reward.<role>.base_url is used as given."""
+    from hymem_train.models.loading import load_tokenizer_for
+
+    started: list[Any] = []
+    roles = [("reader", cfg.reader_model, cfg.local_reader)]
+    if cfg.reward.judge_kind == "llm":
+        roles.append(("judge", cfg.judge_model, False))
+    # checked here, not in RlConfig.validate: the full-size configs name no reader / judge checkpoint
+    # (the report does not), and `hymem_train.plan` sizes their pools without one
+    for role, model, _ in roles:
+        if (n := getattr(cfg.cluster.placement, role).replicas) and not model.path:
+            raise ValueError(
+                f"cluster.placement.{role}.replicas={n}: the stage serves the {role} itself, so "
+                f"{role}_model.path must name its checkpoint"
+            )
+    try:
+        for role, model, local in roles:
+            client = getattr(cfg.reward, role)
+            if getattr(cfg.cluster.placement, role).replicas:
+                srv = start_frozen_pool(
+                    role, model, load_tokenizer_for(model), served_model_name=client.model, engine_cfg=cfg.engine,
+                    cluster=cfg.cluster, host=cfg.gateway.host, export_dir=stage.run_dir / f"{role}_hf",
+                )  # fmt: skip
+                write_placement(stage, stage.run_dir, **{role: srv.infos, f"{role}_gateway": srv.base_url})
+            elif local:  # CPU boxes: the frozen reader in this process
+                srv = start_frozen_server(model, stage.tokenizer, served_model_name=client.model,
+                                          max_model_len=cfg.engine.max_model_len, host=cfg.gateway.host)  # fmt: skip
+            else:
+                continue
+            started.append(srv)
+            setattr(cfg.reward, role, dataclasses.replace(client, base_url=srv.base_url))
+    except BaseException:
+        for srv in started:
+            srv.stop()
+        raise
+    return started
+
+
 def run(cfg: RlConfig) -> dict[str, float]:
     stage = build_stage(cfg, growth_bounds=cfg.reward.scoring.growth_bounds)
-    reader = reward = None
+    reward = None
+    frozen: list[Any] = []  # the reader / judge servers this stage started
     failed = True
     try:
         if stage.is_driver:
-            if cfg.local_reader:  # CPU boxes: the frozen reader in this process
-                reader = start_frozen_server(
-                    cfg.reader_model, stage.tokenizer, served_model_name=cfg.reward.reader.model,
-                    max_model_len=cfg.engine.max_model_len,
-                )  # fmt: skip
-                cfg.reward.reader = dataclasses.replace(cfg.reward.reader, base_url=reader.base_url)
+            frozen = start_frozen_models(stage, cfg)
             reward = HarnessRewards(cfg.reward, stage.bank_readers, stage.dataset.manifests)
             stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "rl_curves.png"))
         last = train(stage, reward, cfg)
@@ -203,8 +240,8 @@ def run(cfg: RlConfig) -> dict[str, float]:
     finally:
         if reward is not None:
             reward.shutdown()
-        if reader is not None:
-            reader.stop()
+        for server in frozen:
+            server.stop()
         stage.close(failed=failed)
     return last
 

@@ -168,11 +168,15 @@ class RlConfig(StageConfig):
     rl: RlAlgoConfig = field(default_factory=RlAlgoConfig)
     # CPU boxes: serve the frozen reader from a local HF engine (reward.reader.base_url is then set to it)
     local_reader: bool = False
-    reader_model: ModelConfig = field(default_factory=ModelConfig)  # the frozen reader when local_reader
+    # the frozen reader / judge when the stage serves them (local_reader, or cluster.placement.reader /
+    # .judge replicas > 0); a training run's checkpoint is exported for a vLLM pool (<run>/<role>_hf)
+    reader_model: ModelConfig = field(default_factory=ModelConfig)
+    judge_model: ModelConfig = field(default_factory=ModelConfig)
 
     def validate(self) -> None:
         super().validate()
         self.reward.validate()
+
         if self.trainer.loss.kind != "ppo":
             raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the RL stage needs 'ppo'")
         if self.rl.num_eval_rollouts < 1 or self.rl.num_rollouts_per_window < 2:

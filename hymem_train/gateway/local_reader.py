@@ -1,7 +1,13 @@
-"""A frozen model served behind a frozen-mode gateway in this process: on CPU boxes the RL reader
-(`local_reader=true`) runs here instead of at a vLLM endpoint."""
+"""A frozen model (the RL reader or judge, the evaluation's) served by the stage itself behind a
+frozen-mode gateway: in this process on a CPU box (`local_reader=true`), or as the pool of engine
+replicas that cluster.placement.reader / .judge asks for (Ray actors on their own GPUs, docs/cluster.md)."""
 
 from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
 
 from hymem_train.engines import build_engine
 from hymem_train.engines.config import EngineConfig
@@ -10,14 +16,63 @@ from hymem_train.gateway.runner import GatewayServer
 from hymem_train.gateway.server import Gateway
 from hymem_train.models.config import ModelConfig
 
+log = logging.getLogger(__name__)
+
 
 def start_frozen_server(
-    model: ModelConfig, tokenizer, *, served_model_name: str, max_model_len: int
+    model: ModelConfig, tokenizer, *, served_model_name: str, max_model_len: int, host: str = "127.0.0.1"
 ) -> GatewayServer:
-    """The frozen model behind an HF engine (no route capture, no identities, no segments, no
-    embeddings); the caller points its client at `server.base_url` and stops the server."""
+    """The frozen model behind an HF engine in this process (no route capture, no identities, no
+    segments, no embeddings); the caller points its client at `server.base_url` and stops the server."""
     engine = build_engine(EngineConfig(capture_routes=False, max_model_len=max_model_len), model, tokenizer)
+    return _serve(engine, tokenizer, served_model_name, host)
+
+
+def start_frozen_pool(
+    role: str, model: ModelConfig, tokenizer, *, served_model_name: str, engine_cfg: EngineConfig,
+    cluster: Any, host: str, export_dir: Path,
+) -> FrozenPool:  # fmt: skip
+    """`cluster.placement.<role>.replicas` replicas of the frozen model, of the policy's engine kind
+    (vLLM on a GPU cluster, HF actors on a CPU one), each `tensor_parallel_size` GPUs, behind one
+    frozen gateway in the driver that spreads each batch over them. `export_dir`: where a vLLM engine's
+    loadable copy of a training checkpoint is written (stage.engine_model_cfg)."""
+    from hymem_train.engines.serving import build_served_engine
+    from hymem_train.stage import engine_model_cfg
+
+    pool = getattr(cluster.placement, role)
+    cfg = dataclasses.replace(
+        engine_cfg, capture_routes=False, max_model_len=pool.max_model_len,
+        tensor_parallel_size=pool.tensor_parallel_size, gpu_memory_utilization=pool.gpu_memory_utilization,
+    )  # fmt: skip
+    engine = build_served_engine(
+        cfg, engine_model_cfg(cfg.kind, model, export_dir), tokenizer, replicas=pool.replicas, cluster=cluster
+    )
+    try:
+        server = _serve(engine, tokenizer, served_model_name, host)
+    except BaseException:
+        engine.shutdown()
+        raise
+    log.info("%s: %d %s replicas behind %s", role, pool.replicas, cfg.kind, server.base_url)
+    return FrozenPool(server, engine)
+
+
+class FrozenPool:
+    """A frozen gateway and the replica pool behind it; `stop` ends both."""
+
+    def __init__(self, server: GatewayServer, engine: Any):
+        self.server, self.engine = server, engine
+        self.base_url = server.base_url
+        self.infos = engine.infos  # where each replica runs (placement.json)
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.engine.shutdown()
+
+
+def _serve(engine, tokenizer, served_model_name: str, host: str) -> GatewayServer:
     gateway = Gateway(
-        engine, tokenizer, GatewayConfig(frozen=True, embeddings=False, served_model_name=served_model_name)
+        engine,
+        tokenizer,
+        GatewayConfig(host=host, frozen=True, embeddings=False, served_model_name=served_model_name),
     )
     return GatewayServer(gateway).start()

@@ -49,3 +49,28 @@ def test_two_node_opd_reproduces_one_node(assets, stage, opd_one_rank, two_nodes
     stage.same_run(opd_one_rank, out, stage.OPD_KEYS)
     m = stage.metrics(out)
     assert m[1]["perf/weight_sync_seconds"] > 0 and m[1]["train/grad_norm"] > 0
+
+
+def test_two_node_rl_serves_its_reader_from_replicas_on_both_nodes(
+    assets, stage, opd_one_rank, rl_one_rank, two_nodes, monkeypatch
+):
+    """RL's frozen reader as the stage's own pool (cluster.placement.reader.replicas): one HF replica per
+    node behind a reader gateway on the driver's routable address, reward actors calling it. The 1-node
+    reference served its reader in the driver process; the greedy reader gives the same rewards."""
+    from tests.stages.conftest import RL_TWO_STEPS
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cluster, nodes = two_nodes
+    out = assets["root"] / "rl_2node_reader"
+    extra = (f"cluster.ray_address={cluster.address}", "++cluster.placement.reader.replicas=2",
+             "++cluster.placement.replica_strategy=STRICT_SPREAD", "++cluster.placement.cpus_per_replica=0.5",
+             "gateway.host=auto", f"init_checkpoint={opd_one_rank}/final")  # fmt: skip
+    stage.run(stage.cmd("rl", assets, out, *RL_TWO_STEPS, *extra), assets["root"] / "rl_2node_reader.log")
+    where = json.loads((out / "placement.json").read_text())
+    head = where["driver"]["node_id"]
+    assert sorted(r["node_id"] for r in where["reader"]) == sorted(nodes)  # one reader replica per node
+    assert where["reader_gateway"].startswith(f"http://{nodes[head]}:")  # routable, not loopback-only
+    m = stage.metrics(out)
+    assert m[1]["reward/reader_calls"] > 0
+    stage.same_run(rl_one_rank, out, stage.RL_KEYS)

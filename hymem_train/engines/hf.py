@@ -72,9 +72,12 @@ class HFEngine:
         self._lock = threading.Lock()  # one forward at a time; weight updates wait for it
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
         self.routing = RoutingController.attach(model) if capture_routes else None
+        self.asleep = False
+        self._unsent: set[str] = set()  # weights not refilled by a sync since wake_up (silent failure 12)
 
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+        self._check_awake()
         check_lengths(prompts, params, self.max_model_len)
         out: list[GenerationOutput] = []
         with self._lock, torch.inference_mode():
@@ -197,6 +200,7 @@ class HFEngine:
         [T, V] logits of a long sequence are never materialised at once."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        self._check_awake()
         out: list[TopKLogprobs] = []
         with self._lock, torch.inference_mode():
             for seq_i, seq in enumerate(sequences):
@@ -219,6 +223,7 @@ class HFEngine:
 
     def token_logprobs(self, sequences: list[list[int]], position_chunk: int = 1024) -> list[np.ndarray]:
         """Raw log-prob of each next token: entry t scores token t+1 given tokens <= t ([T-1] float32)."""
+        self._check_awake()
         out: list[np.ndarray] = []
         with self._lock, torch.inference_mode():
             for seq in sequences:
@@ -231,6 +236,40 @@ class HFEngine:
                     parts.append(logp_tV.gather(1, nxt[s : s + position_chunk, None])[:, 0].cpu())
                 out.append(torch.cat(parts).numpy() if parts else np.zeros(0, np.float32))
         return out
+
+    # ---- colocated placement: no weights while the trainer steps -------------------------------
+    def sleep(self) -> int:
+        """Release every parameter's storage (vLLM's sleep level 2: the next sync brings the weights
+        back, so nothing is kept); returns the bytes released."""
+        with self._lock:
+            freed = 0
+            for p in self.model.parameters():
+                freed += p.numel() * p.element_size()
+                p.hymem_shape = tuple(p.shape)  # type: ignore[attr-defined]
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            self.asleep = True
+        return freed
+
+    def wake_up(self) -> None:
+        """Allocate the parameters again, uninitialised: serving refuses until a sync has sent each one."""
+        with self._lock:
+            if not self.asleep:
+                return
+            for p in self.model.parameters():
+                p.data = torch.empty(p.hymem_shape, dtype=p.dtype, device=p.device)  # type: ignore[attr-defined]
+            self._unsent = {n for n, _ in self.model.named_parameters()}
+            self.asleep = False
+
+    def _check_awake(self) -> None:
+        if self.asleep:
+            raise RuntimeError(
+                "the engine is asleep (colocated placement, the trainer is stepping): wake_up first"
+            )
+        if self._unsent:
+            raise RuntimeError(
+                f"{len(self._unsent)} weight(s) not sent since wake_up, e.g. {sorted(self._unsent)[:3]}: they hold "
+                "uninitialised memory; the weight sync after wake_up must send every parameter"
+            )
 
     # ---- weight sync ---------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
@@ -245,9 +284,12 @@ class HFEngine:
                 raise ValueError(
                     f"update_weights: {name} has shape {tuple(t.shape)}, engine expects {tuple(state[name].shape)}"
                 )
+        if self.asleep:
+            raise RuntimeError("update_weights on a sleeping engine: wake_up first")
         with self._lock, torch.no_grad():
             for name, t in named:
                 state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
+                self._unsent.discard(name)
             self.policy_version = version
         return len(named)
 

@@ -155,6 +155,33 @@ def test_update_weights_loads_buckets_and_rejects_bad_names(engine, tok):
     assert engine.policy_version == 3
 
 
+def test_sleep_frees_the_weights_and_a_woken_engine_serves_only_after_a_full_sync(engine, tok):
+    """Colocated placement: the engine drops its weights while the trainer steps; after wake_up its
+    weights are uninitialised memory until the sync has sent every one of them (silent failure 12)."""
+    prompts = _prompts(tok)
+    sps = [SamplingParams(max_tokens=8, temperature=0) for _ in prompts]
+    before = engine.generate(prompts, sps)
+    params = dict(engine.model.named_parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in params.values())
+    assert engine.sleep() == nbytes  # every parameter's storage is released
+    assert all(p.numel() == 0 for p in engine.model.parameters())
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, sps)
+    engine.wake_up()
+    sd = {k: v.clone() for k, v in build_model("tiny", seed=0).named_parameters()}
+    names = sorted(sd)
+    engine.update_weights([(k, sd[k]) for k in names[:-2]], version=1)  # a sync that missed two weights
+    with pytest.raises(RuntimeError, match=rf"2 weight\(s\) not sent since wake_up.*{names[-2]}"):
+        engine.generate(prompts, sps)
+    with pytest.raises(RuntimeError, match="not sent since wake_up"):
+        engine.topk_logprobs(prompts, 5)
+    engine.update_weights([(k, sd[k]) for k in names[-2:]], version=1)
+    after = engine.generate(prompts, sps)
+    assert [o.response_ids for o in after] == [o.response_ids for o in before]
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+
+
 def test_vllm_engine_absent_gives_clear_message():
     pytest.importorskip("transformers")
     try:

@@ -77,8 +77,10 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
         # 4. train on every rank, then push the weights to the rollout engine
         items = stage.trainer.broadcast(items) or []
         if cfg.rollout.mode != "rollout_only" and items:
+            m.update(stage.sleep_engine())
             with timer("train"):
                 m.update(stage.trainer.train_items(items, "opd"))
+            m.update(stage.wake_engine())
             with timer("sync"):
                 m.update(stage.trainer.sync_weights(stage.sync_receivers, step))
             # the loss is the truncated reverse KL minus the entropy bonus: log the KL itself

@@ -147,6 +147,7 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
             items = stage.trainer.broadcast(items) or []
             trained = (0.0, 0.0)
             if cfg.rollout.mode != "rollout_only" and items:
+                m.update(stage.sleep_engine())
                 with timer("train"):
                     t0 = time.perf_counter()
                     m.update(stage.trainer.train_items(items, "ppo"))
@@ -156,6 +157,7 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
                     ready, pending = pending.result(), None
                 m.update(overlap_metrics(ready, trained))
             if cfg.rollout.mode != "rollout_only" and items:
+                m.update(stage.wake_engine())
                 with timer("sync"):
                     m.update(stage.trainer.sync_weights(stage.sync_receivers, step))
             # 6. evaluate, checkpoint, log

@@ -88,6 +88,15 @@ class StageConfig:
                 )
         if self.num_steps < 1 or self.save_every < 1:
             raise ValueError("num_steps and save_every must be >= 1")
+        if (
+            self.cluster.placement.mode == "colocated"
+            and self.engine.kind == "vllm"
+            and not self.cluster.num_gpus_per_node
+        ):
+            raise ValueError(
+                "cluster.placement.mode=colocated with engine.kind=vllm on a CPU cluster: vLLM 0.32's CPU worker "
+                "ignores sleep, so the engine would keep its weights while the trainer steps; use engine.kind=hf"
+            )
         if self.cluster.num_nodes > 1 and self.rollout.use_ray and self.gateway.host in LOOPBACK:
             raise ValueError(
                 f"gateway.host={self.gateway.host} on cluster.num_nodes={self.cluster.num_nodes}: rollout workers "
@@ -105,6 +114,8 @@ def ray_cpu_demand(cfg: StageConfig) -> float:
     demand = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker if cfg.rollout.use_ray else 0.0
     pl = cfg.cluster.placement
     replicas = pl.policy_replicas + (pl.teacher_replicas if hasattr(cfg, "opd") else 0)
+    if hasattr(cfg, "reward"):  # RL's frozen pools (rl.start_frozen_models)
+        replicas += pl.reader.replicas + (pl.judge.replicas if cfg.reward.judge_kind == "llm" else 0)
     demand += replicas * pl.cpus_per_replica
     reward = getattr(cfg, "reward", None)
     if reward is not None:
@@ -189,6 +200,11 @@ class RlConfig(StageConfig):
             raise ValueError(
                 "rl.overlap_rollout=true needs trainer.loss.ratio_source=rollout (the engine's log-probs are "
                 f"the stale policy's; {self.trainer.loss.ratio_source!r} would hide the lag from the PPO clip)"
+            )
+        if self.rl.overlap_rollout and self.cluster.placement.mode == "colocated":
+            raise ValueError(
+                "rl.overlap_rollout=true with cluster.placement.mode=colocated: the colocated engine sleeps "
+                "while the trainer steps, so it cannot collect the next batch then; use split placement"
             )
         if self.rl.overlap_rollout and self.rollout.mode != "train":
             raise ValueError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,20 @@ class Stage:
         self.checkpoints.maybe_save(step, self.scheduler, force=True)
         self.preemption.stopped(step)
         return True
+
+    def sleep_engine(self) -> dict[str, float]:
+        """(driver) Colocated placement: the policy engine releases its weights while the trainer steps
+        (they share the GPUs); `wake_engine` before the sync, which sends every weight back."""
+        if self.cfg.cluster.placement.mode != "colocated" or self.engine is None:
+            return {}
+        return {"perf/engine_freed_gb": self.engine.sleep() / 1e9}
+
+    def wake_engine(self) -> dict[str, float]:
+        if self.cfg.cluster.placement.mode != "colocated" or self.engine is None:
+            return {}
+        t0 = time.perf_counter()
+        self.engine.wake_up()
+        return {"perf/time_wake_s": time.perf_counter() - t0}
 
     @property
     def sync_receivers(self) -> list:
@@ -131,8 +146,11 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     stage.preemption = Preemption(run_dir, trainer, is_driver=stage.is_driver)
     if stage.is_driver:
         init_ray(cfg.cluster)
+        # colocated: the engine sleeps while the trainer steps (Stage.sleep_engine); vLLM must be told at start
+        colocated = cfg.cluster.placement.mode == "colocated"
         stage.engine = build_served_engine(
-            cfg.engine, engine_model_cfg(cfg.engine.kind, model_cfg, run_dir / "init_hf", cfg.model), tokenizer,
+            dataclasses.replace(cfg.engine, enable_sleep_mode=colocated),
+            engine_model_cfg(cfg.engine.kind, model_cfg, run_dir / "init_hf", cfg.model), tokenizer,
             replicas=cfg.cluster.placement.policy_replicas, cluster=cfg.cluster,
         )  # fmt: skip
         stage.gateway = Gateway(stage.engine, tokenizer, cfg.gateway)

@@ -58,6 +58,12 @@ class EngineReplica:
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         return self.engine.update_weights(named_tensors, version)
 
+    def sleep(self) -> int:
+        return self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         from hymem_train.trainer.weight_group import open_weight_group
 
@@ -151,6 +157,13 @@ class ReplicaPool:
 
     def token_logprobs(self, sequences: list[list[int]]) -> list:
         return self._fan_out("token_logprobs", len(sequences), (sequences,))
+
+    def sleep(self) -> int:
+        """Colocated placement: every replica releases its weights; the bytes released, summed."""
+        return sum(ray.get([r.sleep.remote() for r in self.replicas]))
+
+    def wake_up(self) -> None:
+        ray.get([r.wake_up.remote() for r in self.replicas])
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """One bucket of a sync: the first one opens the group (once) and starts every replica receiving."""

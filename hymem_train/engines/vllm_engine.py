@@ -172,6 +172,7 @@ class VLLMEngine:
         seed: int = 0,
         max_logprobs: int = 64,
         enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool = False,
         **engine_kwargs: Any,
     ):
         vllm = _import_vllm()
@@ -188,6 +189,7 @@ class VLLMEngine:
         self.policy_version = 0
         self.capture_routes = capture_routes
         self._sync_open = False
+        self._awaiting_sync = False  # slept (level 2) and not yet refilled by a sync
         self.moe_layers_repacked = 0  # CPU MoE layers re-prepacked by the last sync (repack_cpu_moe)
         if on_cpu():
             # KV cache in GiB: vLLM's CPU default (4) is more than a test box needs per engine
@@ -205,6 +207,7 @@ class VLLMEngine:
             seed=seed,
             max_logprobs=max_logprobs,
             enable_prefix_caching=enable_prefix_caching,
+            enable_sleep_mode=enable_sleep_mode,
             worker_extension_cls=EXTENSION,
             **kwargs,
             **engine_kwargs,
@@ -246,6 +249,7 @@ class VLLMEngine:
         return np.concatenate([r, np.full((1, *r.shape[1:]), NOT_ROUTED, dtype=np.int16)])
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+        self._check_awake()
         check_lengths(prompts, params, self.max_model_len)
         reqs = [{"prompt_token_ids": p} for p in prompts]
         outs = self.llm.generate(reqs, [self._sampling(sp) for sp in params], use_tqdm=False)
@@ -259,6 +263,7 @@ class VLLMEngine:
         return results
 
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
+        self._check_awake()
         vllm = _import_vllm()
         if not 1 <= k <= self.max_logprobs:
             raise ValueError(
@@ -290,6 +295,7 @@ class VLLMEngine:
 
     def token_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
         """Raw log-prob of each next token ([T-1]): `prompt_logprobs=0` returns the actual token's only."""
+        self._check_awake()
         vllm = _import_vllm()
         sp = vllm.SamplingParams(
             max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True
@@ -314,10 +320,30 @@ class VLLMEngine:
         loaded = self.llm.collective_rpc("hymem_load_bucket", args=(payload,))
         return int(loaded[0]) if loaded else 0
 
+    # ---- colocated placement (written for GPUs, not run: vLLM 0.32's CPU worker ignores sleep) -----
+    def sleep(self) -> int:
+        """vLLM sleep level 2: weights and KV cache dropped (the next sync sends every weight back). The
+        bytes released: free memory on this process's GPU before and after (0 without CUDA)."""
+        free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+        self.llm.sleep(level=2)
+        self._awaiting_sync = True
+        return (torch.cuda.mem_get_info()[0] - free) if torch.cuda.is_available() else 0
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+
+    def _check_awake(self) -> None:
+        if self._awaiting_sync:
+            raise RuntimeError(
+                "the vLLM engine slept (level 2, weights discarded) and no weight sync has finished since: "
+                "its weights are undefined; sync before serving"
+            )
+
     def finish_sync(self, version: int) -> None:
         if self._sync_open:
             self.moe_layers_repacked = self.llm.collective_rpc("hymem_finish_weight_update")[0]
             self._sync_open = False
+            self._awaiting_sync = False
         self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
         self.policy_version = version
 

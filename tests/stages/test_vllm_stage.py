@@ -45,7 +45,7 @@ def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
     rl = tmp_path / "rl_vllm"
     cmd = stage.cmd(
         "rl", assets, rl, "num_steps=2", "save_every=2", f"init_checkpoint={out}/final", "engine=vllm",
-        "engine.capture_routes=false", "engine.enforce_eager=true", "trainer.routing_replay=false",
+        "engine.capture_routes=false", "engine.enforce_eager=true", "++trainer.routing_replay=false",
     )  # fmt: skip
     stage.run(cmd, tmp_path / "rl_vllm.log", env=env)
     m = stage.metrics(rl)

@@ -16,8 +16,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
 @pytest.fixture
-def two_nodes():
+def two_nodes(monkeypatch):
+    """The cluster, its node table; the stage's environment as the 1-rank reference runs had it."""
     import ray
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
@@ -30,9 +34,7 @@ def two_nodes():
     c.shutdown()
 
 
-def test_two_node_opd_reproduces_one_node(assets, stage, opd_one_rank, two_nodes, monkeypatch):
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+def test_two_node_opd_reproduces_one_node(assets, stage, opd_one_rank, two_nodes):
     cluster, nodes = two_nodes
     out = assets["root"] / "opd_2node"
     extra = (f"cluster.ray_address={cluster.address}", "++cluster.placement.policy_replicas=2",
@@ -52,15 +54,13 @@ def test_two_node_opd_reproduces_one_node(assets, stage, opd_one_rank, two_nodes
 
 
 def test_two_node_rl_serves_its_reader_from_replicas_on_both_nodes(
-    assets, stage, opd_one_rank, rl_one_rank, two_nodes, monkeypatch
+    assets, stage, opd_one_rank, rl_one_rank, two_nodes
 ):
     """RL's frozen reader as the stage's own pool (cluster.placement.reader.replicas): one HF replica per
     node behind a reader gateway on the driver's routable address, reward actors calling it. The 1-node
     reference served its reader in the driver process; the greedy reader gives the same rewards."""
     from tests.stages.conftest import RL_TWO_STEPS
 
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cluster, nodes = two_nodes
     out = assets["root"] / "rl_2node_reader"
     extra = (f"cluster.ray_address={cluster.address}", "++cluster.placement.reader.replicas=2",

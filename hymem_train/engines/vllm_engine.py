@@ -23,9 +23,13 @@ Same contract as HFEngine:
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures as cf
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,12 @@ log = logging.getLogger(__name__)
 # silently drops QK-norm (trainer/export.py `serving_config` writes them all)
 SERVING_KEYS = ("first_k_dense_replace", "qk_norm", "expert_hidden_dim", "route_norm")
 EXTENSION = "hymem_train.engines.vllm_engine.WeightSyncExtension"
+
+
+def _final_only() -> Any:
+    from vllm.sampling_params import RequestOutputKind
+
+    return RequestOutputKind.FINAL_ONLY
 
 
 def _import_vllm():
@@ -152,6 +162,113 @@ def repack_cpu_moe(model: torch.nn.Module, touched: set[str]) -> int:
     return n
 
 
+class _BlockingRunner:
+    """vLLM's offline `LLM`: one blocking call per batch (the gateway's static batcher feeds it)."""
+
+    continuous = False
+
+    def __init__(self, vllm: Any, kwargs: dict[str, Any]):
+        self.llm = vllm.LLM(**kwargs)
+
+    def generate(self, reqs: list[dict], sps: Any) -> list:
+        return self.llm.generate(reqs, sps, use_tqdm=False)
+
+    def rpc(self, method: str, args: tuple = ()) -> list:
+        return self.llm.collective_rpc(method, args=args)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.llm, name)(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        if hasattr(self.llm, "llm_engine"):
+            self.llm.llm_engine.engine_core.shutdown()
+
+
+class _AsyncRunner:
+    """vLLM's `AsyncLLM` on an event loop of its own thread: each request joins the running engine as it
+    arrives (continuous batching). Blocking callers (the stage's teacher, evaluation and weight sync)
+    wait on that loop from their own threads; the gateway takes futures (`submit`)."""
+
+    continuous = True
+
+    def __init__(self, vllm: Any, kwargs: dict[str, Any]):
+        import itertools
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async", daemon=True)
+        self._thread.start()
+        self._ids = itertools.count()
+        self.in_flight = 0
+
+        async def start() -> Any:  # built on its loop: AsyncLLM binds its output handler to it
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+        try:
+            self.engine = self._wait(start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _wait(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _one(self, req: dict, sp: Any) -> Any:
+        final = None
+        self.in_flight += 1  # only ever changed on the loop's thread
+        try:
+            async for out in self.engine.generate(req, sp, request_id=f"hymem-{next(self._ids)}"):
+                final = out  # FINAL_ONLY: one output, when the request finishes
+        finally:
+            self.in_flight -= 1
+        return final
+
+    def drain(self, timeout_s: float = 600.0) -> None:
+        """Wait until no request is in the engine: a weight update must not land mid-request (a request
+        that straddled it would be sampled from two policies and stamped with one)."""
+
+        async def empty() -> None:
+            deadline = time.monotonic() + timeout_s
+            while self.in_flight:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{self.in_flight} request(s) still in the vLLM engine after {timeout_s:.0f} s"
+                    )
+                await asyncio.sleep(0.005)
+
+        self._wait(empty())
+
+    def submit(self, req: dict, sp: Any) -> cf.Future:
+        return asyncio.run_coroutine_threadsafe(self._one(req, sp), self._loop)
+
+    def generate(self, reqs: list[dict], sps: Any) -> list:
+        sps = sps if isinstance(sps, list) else [sps] * len(reqs)
+
+        async def every() -> list:
+            return list(await asyncio.gather(*(self._one(r, sp) for r, sp in zip(reqs, sps, strict=True))))
+
+        return self._wait(every())
+
+    def rpc(self, method: str, args: tuple = ()) -> list:
+        return self._wait(self.engine.collective_rpc(method, args=args))
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        out = getattr(self.engine, name)(*args, **kwargs)
+        return self._wait(out) if asyncio.iscoroutine(out) else out
+
+    def shutdown(self) -> None:
+        try:
+            self.engine.shutdown()
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
 class VLLMEngine:
     # vLLM's HYV3 `load_weights` reads the on-disk per-expert names, not the fused training names:
     # sync_weights maps them (trainer/weight_sync.as_served) before update_weights sees a bucket
@@ -173,6 +290,7 @@ class VLLMEngine:
         max_logprobs: int = 64,
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
+        async_engine: bool = True,
         **engine_kwargs: Any,
     ):
         vllm = _import_vllm()
@@ -197,7 +315,7 @@ class VLLMEngine:
         kwargs: dict[str, Any] = {"enable_return_routed_experts": True} if capture_routes else {}
         if not on_cpu():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        self.llm = vllm.LLM(
+        llm_kwargs = dict(
             model=model_path,
             tokenizer=model_path,
             skip_tokenizer_init=True,  # token ids in and out: the gateway owns the chat template
@@ -212,9 +330,10 @@ class VLLMEngine:
             **kwargs,
             **engine_kwargs,
         )
+        self._run = (_AsyncRunner if async_engine else _BlockingRunner)(vllm, llm_kwargs)
         # measured, not guessed from the alignment: a padded CPU MoE layer breaks vLLM 0.32's in-place
         # reload (a shape error inside `_copy_and_restore_kernel_tensors`); generation is unaffected
-        padded = self.llm.collective_rpc("hymem_padded_moe_layers")[0] if on_cpu() else []
+        padded = self._run.rpc("hymem_padded_moe_layers")[0] if on_cpu() else []
         self.sync_refusal = (
             f"vLLM CPU padded the MoE intermediate size of {len(padded)} layer(s) ({padded[0]}, ...) to its kernel "
             "alignment, and vLLM 0.32's in-place reload cannot refill padded layers: weight updates are refused. "
@@ -233,6 +352,7 @@ class VLLMEngine:
             stop_token_ids=self.eos_token_ids + list(sp.stop_token_ids),
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
+            output_kind=_final_only(),
             **extra,
         )
 
@@ -252,15 +372,35 @@ class VLLMEngine:
         self._check_awake()
         check_lengths(prompts, params, self.max_model_len)
         reqs = [{"prompt_token_ids": p} for p in prompts]
-        outs = self.llm.generate(reqs, [self._sampling(sp) for sp in params], use_tqdm=False)
-        results = []
-        for p, o in zip(prompts, outs, strict=True):
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
-            reason = "stop" if c.finish_reason == "stop" else "length"
-            results.append(GenerationOutput(ids, lps, reason, self._routes(c, len(p), len(ids))))
-        return results
+        outs = self._run.generate(reqs, [self._sampling(sp) for sp in params])
+        return [self._generation(p, o) for p, o in zip(prompts, outs, strict=True)]
+
+    @property
+    def continuous_batching(self) -> bool:
+        """The async engine: the gateway hands it each request as it arrives (`submit`), no static batch."""
+        return self._run.continuous
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> cf.Future:
+        """One request into the running async engine; a future of its GenerationOutput."""
+        self._check_awake()
+        check_lengths([prompt], [params], self.max_model_len)
+        out: cf.Future = cf.Future()
+
+        def done(f: cf.Future) -> None:
+            try:
+                out.set_result(self._generation(prompt, f.result()))
+            except BaseException as e:  # the caller sees the engine's error, never hangs
+                out.set_exception(e)
+
+        self._run.submit({"prompt_token_ids": prompt}, self._sampling(params)).add_done_callback(done)
+        return out
+
+    def _generation(self, prompt: list[int], o: Any) -> GenerationOutput:
+        c = o.outputs[0]
+        ids = list(c.token_ids)
+        lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
+        reason = "stop" if c.finish_reason == "stop" else "length"
+        return GenerationOutput(ids, lps, reason, self._routes(c, len(prompt), len(ids)))
 
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
         self._check_awake()
@@ -274,9 +414,10 @@ class VLLMEngine:
             if len(s) + 1 > self.max_model_len:
                 raise ValueError(f"sequence {i}: {len(s)} tokens + 1 > max_model_len {self.max_model_len}")
         sp = vllm.SamplingParams(
-            max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False
-        )
-        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
+            max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False,
+            output_kind=_final_only(),
+        )  # fmt: skip
+        outs = self._run.generate([{"prompt_token_ids": s} for s in sequences], sp)
         results = []
         for seq_i, (seq, o) in enumerate(zip(sequences, outs, strict=True)):
             rows = list(o.prompt_logprobs[1:]) + [o.outputs[0].logprobs[0]]
@@ -298,9 +439,10 @@ class VLLMEngine:
         self._check_awake()
         vllm = _import_vllm()
         sp = vllm.SamplingParams(
-            max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True
-        )
-        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
+            max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True,
+            output_kind=_final_only(),
+        )  # fmt: skip
+        outs = self._run.generate([{"prompt_token_ids": s} for s in sequences], sp)
         res = []
         for seq, o in zip(sequences, outs, strict=True):
             rows = o.prompt_logprobs[1:]
@@ -315,9 +457,11 @@ class VLLMEngine:
             raise ValueError(self.sync_refusal)
         payload = pack_bucket(named_tensors)
         if not self._sync_open:
-            self.llm.collective_rpc("hymem_begin_weight_update")
+            if isinstance(self._run, _AsyncRunner):
+                self._run.drain()
+            self._run.rpc("hymem_begin_weight_update")
             self._sync_open = True
-        loaded = self.llm.collective_rpc("hymem_load_bucket", args=(payload,))
+        loaded = self._run.rpc("hymem_load_bucket", args=(payload,))
         return int(loaded[0]) if loaded else 0
 
     # ---- colocated placement (written for GPUs, not run: vLLM 0.32's CPU worker ignores sleep) -----
@@ -325,12 +469,14 @@ class VLLMEngine:
         """vLLM sleep level 2: weights and KV cache dropped (the next sync sends every weight back). The
         bytes released: free memory on this process's GPU before and after (0 without CUDA)."""
         free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
-        self.llm.sleep(level=2)
+        if isinstance(self._run, _AsyncRunner):
+            self._run.drain()  # AsyncLLM.sleep aborts what is in flight
+        self._run.call("sleep", level=2)
         self._awaiting_sync = True
         return (torch.cuda.mem_get_info()[0] - free) if torch.cuda.is_available() else 0
 
     def wake_up(self) -> None:
-        self.llm.wake_up()
+        self._run.call("wake_up")
 
     def _check_awake(self) -> None:
         if self._awaiting_sync:
@@ -341,10 +487,10 @@ class VLLMEngine:
 
     def finish_sync(self, version: int) -> None:
         if self._sync_open:
-            self.moe_layers_repacked = self.llm.collective_rpc("hymem_finish_weight_update")[0]
+            self.moe_layers_repacked = self._run.rpc("hymem_finish_weight_update")[0]
             self._sync_open = False
             self._awaiting_sync = False
-        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+        self._run.call("reset_prefix_cache")  # cached KV was computed by the old weights
         self.policy_version = version
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
@@ -353,6 +499,6 @@ class VLLMEngine:
         return n
 
     def shutdown(self) -> None:
-        llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None and hasattr(llm, "llm_engine"):
-            llm.llm_engine.engine_core.shutdown()
+        run, self._run = getattr(self, "_run", None), None
+        if run is not None:
+            run.shutdown()

@@ -67,3 +67,28 @@ class Batcher:
                 continue
             for b, o in zip(batch, outs, strict=True):
                 b[2].set_result(o)
+
+
+class Continuous:
+    """The batcher's place for an engine that batches continuously itself (vLLM's AsyncLLM): each
+    request goes into the running engine as it arrives, none waits for a batch to fill or finish."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.batch_sizes: list[int] = []  # no static batches
+        self.in_flight_seen: list[int] = []  # requests already in the engine when each one arrived
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+        with self._lock:
+            self.in_flight_seen.append(self._in_flight)
+            self._in_flight += 1
+        try:
+            return await asyncio.wrap_future(self.engine.submit(prompt_ids, params))  # type: ignore[attr-defined]
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def close(self) -> None:
+        pass

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from hymem_train.engines.base import PromptTooLongError, SamplingParams
-from hymem_train.gateway.batcher import Batcher
+from hymem_train.gateway.batcher import Batcher, Continuous
 from hymem_train.gateway.config import GatewayConfig
 from hymem_train.gateway.identity import IdentityError, IdentityMismatch, IdentityRegistry
 from hymem_train.gateway.store import SegmentStore
@@ -93,7 +93,12 @@ class Gateway:
         self.store = store or SegmentStore()
         self.registry = registry or IdentityRegistry()
         self.admin_token = self.cfg.admin_token or secrets.token_urlsafe(16)
-        self.batcher = Batcher(engine, self.cfg.max_batch_size, self.cfg.batch_wait_ms / 1000)
+        # an engine that batches continuously (vLLM's async engine) gets every request as it arrives
+        self.batcher = (
+            Continuous(engine)
+            if getattr(engine, "continuous_batching", False)
+            else Batcher(engine, self.cfg.max_batch_size, self.cfg.batch_wait_ms / 1000)
+        )
         if embedder is None and self.cfg.embeddings:
             from hymem_train.gateway.embeddings import MiniLMEmbedder
 
@@ -133,6 +138,8 @@ class Gateway:
         m["gateway/mean_batch_size"] = float(sum(sizes) / len(sizes)) if sizes else 0.0
         m["gateway/engine_batches"] = float(len(sizes))  # batched engine calls
         m["gateway/batched_requests"] = float(sum(sizes))  # the requests they carried
+        if seen := list(getattr(self.batcher, "in_flight_seen", [])):  # continuous batching
+            m["gateway/mean_in_flight"] = float(sum(seen) / len(seen))
         m["gateway/segments"] = float(len(self.store))
         return m
 

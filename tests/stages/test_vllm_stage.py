@@ -1,8 +1,9 @@
 """OPD with the vLLM engine for both the student and the teacher, then RL with vLLM rollouts (the vLLM tier: `make test-vllm` runs this
 under .venvs/vllm_cpu with HYMEM_REQUIRE_VLLM=1; the main venv skips it).
 
-Both engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: one start each of ~3 s instead of ~45 s;
-tests/engines/test_vllm_engine.py covers the multiprocess path). The student is the tiny_teacher preset,
+Both engines run in-process, as the offline `LLM` (`engine.async_engine=false`, VLLM_ENABLE_V1_MULTIPROCESSING=0:
+one start each of ~3 s instead of ~45 s; AsyncLLM is always multiprocess); tests/engines/test_vllm_engine.py
+covers the async engine and the multiprocess path). The student is the tiny_teacher preset,
 whose MoE width vLLM's CPU kernels do not pad (docs/vllm.md); the teacher is a plain `save_pretrained`
 directory, which the stage exports for vLLM (`<run>/teacher_hf`)."""
 
@@ -24,6 +25,7 @@ def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
         "opd", assets, out, "num_steps=2", "save_every=2", "model=tiny_teacher", "engine=vllm",
         "engine@teacher_engine=vllm", "engine.capture_routes=false", "teacher_engine.capture_routes=false",
         "engine.enforce_eager=true", "teacher_engine.enforce_eager=true", "teacher_engine.max_model_len=1024",
+        "engine.async_engine=false", "teacher_engine.async_engine=false",
     )  # fmt: skip
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     stage.run(cmd, tmp_path / "opd_vllm.log", env=env)
@@ -46,6 +48,7 @@ def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
     cmd = stage.cmd(
         "rl", assets, rl, "num_steps=2", "save_every=2", f"init_checkpoint={out}/final", "engine=vllm",
         "engine.capture_routes=false", "engine.enforce_eager=true", "++trainer.routing_replay=false",
+        "engine.async_engine=false",
     )  # fmt: skip
     stage.run(cmd, tmp_path / "rl_vllm.log", env=env)
     m = stage.metrics(rl)

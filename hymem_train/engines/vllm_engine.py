@@ -259,8 +259,15 @@ class _AsyncRunner:
         return self._wait(out) if asyncio.iscoroutine(out) else out
 
     def shutdown(self) -> None:
+        # dropped here, not at interpreter exit: AsyncLLM.__del__ shuts down again and fails on a
+        # half-torn-down interpreter ("'NoneType' object is not callable")
+        engine, self.engine = self.engine, None
+
+        async def stop() -> None:  # on the loop: its output handler is cancelled before the core goes
+            engine.shutdown()
+
         try:
-            self.engine.shutdown()
+            self._wait(stop())
         finally:
             self._stop_loop()
 

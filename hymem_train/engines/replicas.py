@@ -14,6 +14,8 @@ kind (vLLM loads the on-disk per-expert names).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import itertools
 import logging
 import socket
 from collections.abc import Iterable
@@ -122,11 +124,18 @@ class ReplicaPool:
                 f"engine replicas: {num_replicas} x {bundle} ({strategy}) could not be placed within "
                 f"{ready_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}"
             )
+        # vLLM's async engine batches continuously inside each replica: the gateway hands the pool each
+        # request as it arrives (`submit`) and a replica actor runs that many calls at once
+        self.continuous_batching = engine_cfg.kind == "vllm" and bool(
+            getattr(engine_cfg, "async_engine", False)
+        )
+        self._turn = itertools.count()
         actor = ray.remote(EngineReplica)
         self.replicas = [
             actor.options(
                 num_cpus=cpus_per_replica,
                 num_gpus=gpus_per_replica,
+                max_concurrency=1024 if self.continuous_batching else 1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
             ).remote(engine_cfg, model_cfg, tokenizer)
             for i in range(num_replicas)
@@ -151,6 +160,21 @@ class ReplicaPool:
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
         return self._fan_out("generate", len(prompts), (prompts, params))
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> cf.Future:
+        """One request to the next replica in turn, as it arrives; a future of its GenerationOutput.
+        Round robin, not sticky: the rollouts of one window may land on different replicas' prefix caches."""
+        ref = self.replicas[next(self._turn) % len(self.replicas)].generate.remote([prompt], [params])
+        out: cf.Future = cf.Future()
+
+        def done(f: cf.Future) -> None:
+            try:
+                out.set_result(f.result()[0])
+            except BaseException as e:  # the gateway sees the replica's error, never hangs
+                out.set_exception(e)
+
+        ref.future().add_done_callback(done)
+        return out
 
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
         return self._fan_out("topk_logprobs", len(sequences), (sequences,), k)

@@ -65,6 +65,10 @@ def test_two_replicas_on_two_nodes_match_one_engine_and_take_a_sync(two_nodes, t
         params = [SamplingParams(max_tokens=6, temperature=1.0, seed=100 + i) for i in range(5)]
         before = pool.generate(prompts, params)
         _outputs_equal(before, local.generate(prompts, params))
+        # one request at a time as it arrives, round robin (the gateway's path for vLLM's async engine)
+        futures = [pool.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        _outputs_equal([f.result(timeout=120) for f in futures], before)
+        assert not pool.continuous_batching  # HF replicas: the gateway keeps its static batcher
         for a, b in zip(pool.topk_logprobs(prompts[:3], 4), local.topk_logprobs(prompts[:3], 4), strict=True):
             assert torch.equal(a.ids_TK, b.ids_TK)
             torch.testing.assert_close(a.logprobs_TK, b.logprobs_TK, rtol=0, atol=1e-5)

@@ -173,6 +173,20 @@ def test_gateway_deltas_keep_the_rollout_phase_apart_from_the_evaluation():
     assert (m3["rollout/llm_calls"], m4["rollout/llm_calls"]) == (8, 12)
 
 
+def test_the_mean_in_flight_count_is_logged_as_it_stands_not_differenced():
+    class Continuous(FakeGateway):  # the gateway in front of vLLM's async engine
+        def metrics(self):
+            return {**super().metrics(), "gateway/mean_in_flight": 2.5}
+
+    gw = Continuous()
+    cb = GatewayCounterDeltas(gw)
+    gw.calls(4, 400, 40, 0)
+    cb.on_step_end(1, m1 := {})
+    gw.calls(4, 400, 40, 0)
+    cb.on_step_end(2, m2 := {})
+    assert m1["gateway/mean_in_flight"] == m2["gateway/mean_in_flight"] == 2.5  # a delta would give 0.0
+
+
 def test_reward_token_counters_are_summed_over_groups():
     groups = [
         SimpleNamespace(metrics={"reward/reader_prompt_tokens": 100.0, "reward/reader_calls": 2.0, "reward/s": 0.2}),

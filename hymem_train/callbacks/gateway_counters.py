@@ -1,5 +1,5 @@
 """Gateway counters per step: the gateway's counters are cumulative over the run; the log gets
-each step's share (the mean batch size stays cumulative: it is a ratio, not a count).
+each step's share (the mean batch size and mean in-flight count stay cumulative: ratios, not counts).
 
 The rollout phase's own share is logged apart (`rollout/llm_calls`, `rollout/prompt_tokens`,
 `rollout/completion_tokens`, `rollout/engine_batches`, and `rollout/mean_batch_size`: the engine's
@@ -15,6 +15,8 @@ from typing import Any
 from hymem_train.callbacks import Callback
 
 MEAN_BATCH_SIZE = "gateway/mean_batch_size"
+# ratios, logged as they stand (cumulative), never differenced; mean_in_flight: continuous batching only
+RATIOS = (MEAN_BATCH_SIZE, "gateway/mean_in_flight")
 # gateway counter -> the rollout phase's metric
 ROLLOUT_SHARE = {
     "gateway/requests_ok": "rollout/llm_calls",
@@ -45,7 +47,7 @@ class GatewayCounterDeltas(Callback):
 
     def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
         now = self.gateway.metrics()
-        metrics.update({k: v - self.prev.get(k, 0.0) for k, v in now.items() if k != MEAN_BATCH_SIZE})
-        metrics[MEAN_BATCH_SIZE] = now[MEAN_BATCH_SIZE]
+        metrics.update({k: v - self.prev.get(k, 0.0) for k, v in now.items() if k not in RATIOS})
+        metrics.update({k: now[k] for k in RATIOS if k in now})
         metrics.update(self.rollout.pop(step, {}))
         self.prev = now

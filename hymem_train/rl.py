@@ -186,6 +186,22 @@ def overlap_metrics(batch: Batch, trained: tuple[float, float]) -> dict[str, flo
     }
 
 
+def frozen_roles(cfg: RlConfig) -> list[tuple[str, Any, bool]]:
+    """(role, model, in-process) of the frozen models the stage may serve. A pool asked for without a
+    checkpoint is refused here, at run time, not in RlConfig.validate: the full-size configs name no
+    reader / judge checkpoint (the report does not), and `hymem_train.plan` sizes their pools without one."""
+    roles = [("reader", cfg.reader_model, cfg.local_reader)]
+    if cfg.reward.judge_kind == "llm":
+        roles.append(("judge", cfg.judge_model, False))
+    for role, model, _ in roles:
+        if (n := getattr(cfg.cluster.placement, role).replicas) and not model.path:
+            raise ValueError(
+                f"cluster.placement.{role}.replicas={n}: the stage serves the {role} itself, so "
+                f"{role}_model.path must name its checkpoint"
+            )
+    return roles
+
+
 def start_frozen_models(stage: Stage, cfg: RlConfig) -> list[Any]:
     """The frozen reader and judge the stage serves itself, and the reward clients pointed at them:
     a pool of replicas where cluster.placement.<role>.replicas > 0 (placement.json says where), else
@@ -193,17 +209,7 @@ def start_frozen_models(stage: Stage, cfg: RlConfig) -> list[Any]:
     from hymem_train.models.loading import load_tokenizer_for
 
     started: list[Any] = []
-    roles = [("reader", cfg.reader_model, cfg.local_reader)]
-    if cfg.reward.judge_kind == "llm":
-        roles.append(("judge", cfg.judge_model, False))
-    # checked here, not in RlConfig.validate: the full-size configs name no reader / judge checkpoint
-    # (the report does not), and `hymem_train.plan` sizes their pools without one
-    for role, model, _ in roles:
-        if (n := getattr(cfg.cluster.placement, role).replicas) and not model.path:
-            raise ValueError(
-                f"cluster.placement.{role}.replicas={n}: the stage serves the {role} itself, so "
-                f"{role}_model.path must name its checkpoint"
-            )
+    roles = frozen_roles(cfg)
     try:
         for role, model, local in roles:
             client = getattr(cfg.reward, role)

@@ -171,12 +171,12 @@ def test_refuses_gpu_pools_on_a_cpu_only_cluster():
 
 
 def test_a_served_reader_or_judge_needs_its_checkpoint():
-    from hymem_train.rl import start_frozen_models
+    from hymem_train.rl import frozen_roles
 
     cfg = to_typed(compose("rl", ["+exp=demo_rl", "++cluster.placement.judge.replicas=1"]), RlConfig)
     cfg.reward.judge_kind = "llm"
     with pytest.raises(ValueError, match=r"judge\.replicas=1: .* judge_model\.path must name its checkpoint"):
-        start_frozen_models(None, cfg)  # refused before anything starts
+        frozen_roles(cfg)  # start_frozen_models asks this before it starts anything
 
 
 def test_cli_prints_the_plan_and_exits_nonzero_on_refusal():

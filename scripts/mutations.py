@@ -146,6 +146,30 @@ MUTATIONS: tuple[Mutation, ...] = (
         "if False:",
         ("tests/trainer/test_packing.py::test_opd_without_teacher_topk_raises_failure_2",),
     ),
+    # the vLLM engine's gate around a weight sync (silent failure 13); the vLLM tier's
+    # test_a_sync_waits_for_requests_in_flight_and_holds_new_ones fails on each of them too, run with
+    # `.venvs/vllm_cpu/bin/python scripts/mutations.py --only ... --tests <that node id>`
+    Mutation(
+        "sync_gate_no_drain",
+        "hymem_train/engines/vllm_engine.py",
+        "if not self._cv.wait_for(lambda: self.in_flight == 0, self.timeout_s):",
+        "if not self._cv.wait_for(lambda: True, self.timeout_s):",
+        ("tests/engines/test_sync_gate.py::test_close_waits_until_the_requests_in_the_engine_have_left",),
+    ),
+    Mutation(
+        "sync_gate_admits_during_sync",
+        "hymem_train/engines/vllm_engine.py",
+        "            if self.closed:\n                self._held.append(start)\n                return\n",
+        "",
+        ("tests/engines/test_sync_gate.py::test_requests_that_arrive_during_a_sync_wait_for_its_end",),
+    ),
+    Mutation(
+        "sync_gate_blocking_enter_during_sync",
+        "hymem_train/engines/vllm_engine.py",
+        "if not self._cv.wait_for(lambda: not self.closed, self.timeout_s):",
+        "if not self._cv.wait_for(lambda: True, self.timeout_s):",
+        ("tests/engines/test_sync_gate.py::test_requests_that_arrive_during_a_sync_wait_for_its_end",),
+    ),
 )
 
 

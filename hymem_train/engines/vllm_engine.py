@@ -29,8 +29,7 @@ import json
 import logging
 import os
 import threading
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +161,62 @@ def repack_cpu_moe(model: torch.nn.Module, touched: set[str]) -> int:
     return n
 
 
+class SyncGate:
+    """Requests in, weight syncs out. `close` (a sync's first bucket, a sleep) holds new requests back and
+    waits until none is in the engine; `open` (the sync's end) lets the held ones in. A request that
+    straddled a sync would be sampled from two policies and stamped with one; one that entered mid-sync
+    would be sampled from a half-loaded mix (silent failure 13, docs/glossary.md). A sync that fails leaves the gate shut: held requests time
+    out with an error rather than run on weights nobody chose."""
+
+    def __init__(self, timeout_s: float = 600.0):
+        self._cv = threading.Condition()
+        self.timeout_s = timeout_s
+        self.in_flight = 0
+        self.closed = False
+        self._held: list[Callable[[], None]] = []
+
+    def enter(self, n: int = 1) -> None:
+        """Blocking callers (the static batcher's thread, the teacher, evaluation): wait for an open gate."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: not self.closed, self.timeout_s):
+                raise TimeoutError(f"a request waited {self.timeout_s:.0f} s for a vLLM weight sync to end")
+            self.in_flight += n
+
+    def admit(self, start: Callable[[], None]) -> None:
+        """Non-blocking callers (the gateway's event loop): `start` runs now, or when the gate opens. It
+        owns one `leave`."""
+        with self._cv:
+            if self.closed:
+                self._held.append(start)
+                return
+            self.in_flight += 1
+        start()
+
+    def leave(self, n: int = 1) -> None:
+        with self._cv:
+            self.in_flight -= n
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self.closed = True
+            if not self._cv.wait_for(lambda: self.in_flight == 0, self.timeout_s):
+                self.closed = False
+                self._cv.notify_all()
+                raise TimeoutError(
+                    f"{self.in_flight} request(s) still in the vLLM engine after {self.timeout_s:.0f} s"
+                )
+
+    def open(self) -> None:
+        with self._cv:
+            self.closed = False
+            held, self._held = self._held, []
+            self.in_flight += len(held)
+            self._cv.notify_all()
+        for start in held:
+            start()
+
+
 class _BlockingRunner:
     """vLLM's offline `LLM`: one blocking call per batch (the gateway's static batcher feeds it)."""
 
@@ -201,7 +256,6 @@ class _AsyncRunner:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async", daemon=True)
         self._thread.start()
         self._ids = itertools.count()
-        self.in_flight = 0
 
         async def start() -> Any:  # built on its loop: AsyncLLM binds its output handler to it
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
@@ -217,28 +271,9 @@ class _AsyncRunner:
 
     async def _one(self, req: dict, sp: Any) -> Any:
         final = None
-        self.in_flight += 1  # only ever changed on the loop's thread
-        try:
-            async for out in self.engine.generate(req, sp, request_id=f"hymem-{next(self._ids)}"):
-                final = out  # FINAL_ONLY: one output, when the request finishes
-        finally:
-            self.in_flight -= 1
+        async for out in self.engine.generate(req, sp, request_id=f"hymem-{next(self._ids)}"):
+            final = out  # FINAL_ONLY: one output, when the request finishes
         return final
-
-    def drain(self, timeout_s: float = 600.0) -> None:
-        """Wait until no request is in the engine: a weight update must not land mid-request (a request
-        that straddled it would be sampled from two policies and stamped with one)."""
-
-        async def empty() -> None:
-            deadline = time.monotonic() + timeout_s
-            while self.in_flight:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{self.in_flight} request(s) still in the vLLM engine after {timeout_s:.0f} s"
-                    )
-                await asyncio.sleep(0.005)
-
-        self._wait(empty())
 
     def submit(self, req: dict, sp: Any) -> cf.Future:
         return asyncio.run_coroutine_threadsafe(self._one(req, sp), self._loop)
@@ -314,6 +349,7 @@ class VLLMEngine:
         self.policy_version = 0
         self.capture_routes = capture_routes
         self._sync_open = False
+        self._gate = SyncGate()  # no request in the engine while its weights change
         self._awaiting_sync = False  # slept (level 2) and not yet refilled by a sync
         self.moe_layers_repacked = 0  # CPU MoE layers re-prepacked by the last sync (repack_cpu_moe)
         if on_cpu():
@@ -379,8 +415,15 @@ class VLLMEngine:
         self._check_awake()
         check_lengths(prompts, params, self.max_model_len)
         reqs = [{"prompt_token_ids": p} for p in prompts]
-        outs = self._run.generate(reqs, [self._sampling(sp) for sp in params])
+        outs = self._gated(reqs, [self._sampling(sp) for sp in params])
         return [self._generation(p, o) for p, o in zip(prompts, outs, strict=True)]
+
+    def _gated(self, reqs: list[dict], sps: Any) -> list:
+        self._gate.enter(len(reqs))
+        try:
+            return self._run.generate(reqs, sps)
+        finally:
+            self._gate.leave(len(reqs))
 
     @property
     def continuous_batching(self) -> bool:
@@ -392,14 +435,25 @@ class VLLMEngine:
         self._check_awake()
         check_lengths([prompt], [params], self.max_model_len)
         out: cf.Future = cf.Future()
+        req, sp = {"prompt_token_ids": prompt}, self._sampling(params)
 
         def done(f: cf.Future) -> None:
+            self._gate.leave()
             try:
                 out.set_result(self._generation(prompt, f.result()))
             except BaseException as e:  # the caller sees the engine's error, never hangs
                 out.set_exception(e)
 
-        self._run.submit({"prompt_token_ids": prompt}, self._sampling(params)).add_done_callback(done)
+        def start() -> None:  # now, or at the end of the weight sync in progress
+            try:
+                fut = self._run.submit(req, sp)
+            except BaseException as e:
+                self._gate.leave()
+                out.set_exception(e)
+                return
+            fut.add_done_callback(done)
+
+        self._gate.admit(start)
         return out
 
     def _generation(self, prompt: list[int], o: Any) -> GenerationOutput:
@@ -424,7 +478,7 @@ class VLLMEngine:
             max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False,
             output_kind=_final_only(),
         )  # fmt: skip
-        outs = self._run.generate([{"prompt_token_ids": s} for s in sequences], sp)
+        outs = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
         results = []
         for seq_i, (seq, o) in enumerate(zip(sequences, outs, strict=True)):
             rows = list(o.prompt_logprobs[1:]) + [o.outputs[0].logprobs[0]]
@@ -449,7 +503,7 @@ class VLLMEngine:
             max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True,
             output_kind=_final_only(),
         )  # fmt: skip
-        outs = self._run.generate([{"prompt_token_ids": s} for s in sequences], sp)
+        outs = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
         res = []
         for seq, o in zip(sequences, outs, strict=True):
             rows = o.prompt_logprobs[1:]
@@ -464,8 +518,7 @@ class VLLMEngine:
             raise ValueError(self.sync_refusal)
         payload = pack_bucket(named_tensors)
         if not self._sync_open:
-            if isinstance(self._run, _AsyncRunner):
-                self._run.drain()
+            self._gate.close()  # reopened by finish_sync
             self._run.rpc("hymem_begin_weight_update")
             self._sync_open = True
         loaded = self._run.rpc("hymem_load_bucket", args=(payload,))
@@ -476,8 +529,7 @@ class VLLMEngine:
         """vLLM sleep level 2: weights and KV cache dropped (the next sync sends every weight back). The
         bytes released: free memory on this process's GPU before and after (0 without CUDA)."""
         free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
-        if isinstance(self._run, _AsyncRunner):
-            self._run.drain()  # AsyncLLM.sleep aborts what is in flight
+        self._gate.close()  # AsyncLLM.sleep aborts what is in flight; reopened by the next sync's end
         self._run.call("sleep", level=2)
         self._awaiting_sync = True
         return (torch.cuda.mem_get_info()[0] - free) if torch.cuda.is_available() else 0
@@ -499,6 +551,7 @@ class VLLMEngine:
             self._awaiting_sync = False
         self._run.call("reset_prefix_cache")  # cached KV was computed by the old weights
         self.policy_version = version
+        self._gate.open()
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         n = self.update_weights(state_dict.items(), version)

@@ -114,7 +114,8 @@ class WeightBroadcaster:
 
 def receive_weights(group: WeightGroup, engine: Any) -> dict[str, float]:
     """A replica's end: receive buckets until the sender's end marker, loading each into `engine`
-    (anything with `update_weights(named_tensors, version)`). Returns the sync's counters."""
+    (anything with `update_weights(named_tensors, version)`), then the engine's `finish_sync(version)`
+    where it has one, as a local sync_weights would. Returns the sync's counters."""
     t0, buckets, nbytes, version = time.perf_counter(), 0, 0, -1
     while True:
         header = _recv_header(group)
@@ -133,5 +134,7 @@ def receive_weights(group: WeightGroup, engine: Any) -> dict[str, float]:
             ]
         engine.update_weights(named, version)
         buckets += 1
+    if hasattr(engine, "finish_sync"):  # vLLM: finalise the reload, drop the stale prefix cache, serve again
+        engine.finish_sync(version)
     return {"version": float(version), "buckets": float(buckets), "bytes": float(nbytes),
             "seconds": time.perf_counter() - t0}  # fmt: skip

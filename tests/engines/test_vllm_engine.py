@@ -172,6 +172,73 @@ def test_weight_sync_then_generation_uses_the_new_weights(models, engine):
         assert engine.moe_layers_repacked == models.m1.config.num_hidden_layers
 
 
+class _Paused:
+    """A receiver in front of the engine: `before` runs ahead of the sync's first bucket, `after` once
+    the engine holds it (the sync open, the weights half loaded)."""
+
+    weight_names = "serving"
+
+    def __init__(self, engine, before=None, after=None):
+        self.engine, self.before, self.after = engine, before, after
+
+    def update_weights(self, named, version):
+        before, self.before = self.before, None
+        if before:
+            before()
+        n = self.engine.update_weights(named, version)
+        after, self.after = self.after, None
+        if after:
+            after()
+        return n
+
+    def finish_sync(self, version):
+        self.engine.finish_sync(version)
+
+
+def test_a_sync_waits_for_requests_in_flight_and_holds_new_ones(models, engine):
+    """The engine's gate (SyncGate) on the async engine: a request in the engine when a sync starts ends
+    on the weights it started with; a request sent while the sync is loading waits for its end and runs
+    on the new weights. Without the gate the first is sampled from two policies, the second from a
+    half-loaded one, and neither says so."""
+    import time
+
+    from hymem_train.engines.base import SamplingParams
+    from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
+
+    cfg = WeightSyncConfig(bucket_mb=0.5, dtype="float32")
+    sync_weights(models.m0, [engine], 20, cfg)  # from m0, whichever test ran before
+    p = _prompt(models.tok)
+    long, short = SamplingParams(max_tokens=300, temperature=0), SamplingParams(max_tokens=16, temperature=0)
+    (old,), (new,) = models.hf0.generate([p], [long]), models.hf1.generate([p], [long])
+    assert len(old.response_ids) == 300 and old.response_ids[:50] != new.response_ids[:50]
+
+    # 1. a 300-token request is generating when the sync to m1 starts
+    fut, seen = engine.submit(p, long), {}
+    time.sleep(0.3)
+    sync_weights(models.m1, [_Paused(engine, before=lambda: seen.update(running=not fut.done()))], 21, cfg)
+    assert seen["running"], "the request had ended before the sync began: nothing was tested"
+    got = fut.result(timeout=0)  # the sync returned after it: the gate waited for it
+    assert got.response_ids == old.response_ids
+    assert np.abs(np.array(got.logprobs) - np.array(old.logprobs)).max() < TOL
+
+    # 2. while the sync back to m0 is loading, a gateway-style submit and a blocking generate arrive
+    held = {}
+
+    def arrive():
+        held["submit"] = engine.submit(p, short)
+        held["generate"] = cf.ThreadPoolExecutor(1).submit(engine.generate, [p], [short])
+        time.sleep(0.5)
+        held["waited"] = not held["submit"].done() and not held["generate"].done()
+
+    sync_weights(models.m0, [_Paused(engine, after=arrive)], 22, cfg)
+    assert held["waited"], "a request ran inside the sync"
+    (ref,) = models.hf0.generate([p], [short])
+    for out in (held["submit"].result(timeout=60), held["generate"].result(timeout=60)[0]):
+        assert out.response_ids == ref.response_ids
+        assert np.abs(np.array(out.logprobs) - np.array(ref.logprobs)).max() < TOL
+    assert engine._gate.in_flight == 0 and not engine._gate.closed
+
+
 def test_a_checkpoint_without_vllms_keys_is_refused_with_a_clear_error(models, monkeypatch):
     """transformers' config.json has no `qk_norm`; vLLM's HYV3 reads it with a default of False and would
     build attention without QK-norm. The engine refuses such a checkpoint (and wrong values) by name.

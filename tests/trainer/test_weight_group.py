@@ -27,7 +27,7 @@ class Recorder:
     def __init__(self, weight_names: str = "hf"):
         self.weight_names = weight_names
         self.got: dict[str, torch.Tensor] = {}
-        self.versions: list[int] = []
+        self.versions: list = []
 
     def update_weights(self, named, version):
         named = list(named)
@@ -35,6 +35,9 @@ class Recorder:
         self.got.update({n: t.clone() for n, t in named})
         self.versions.append(version)
         return len(named)
+
+    def finish_sync(self, version):  # the vLLM engine's end of a sync (reload finalised, gate opened)
+        self.versions.append(("finished", version))
 
 
 def test_a_serving_replica_receives_what_a_saved_checkpoint_holds(tmp_path):
@@ -88,7 +91,8 @@ def test_broadcast_wire_format_roundtrip():
         t.join(60)
     for rank in (1, 2):
         rec, stats = got[rank]
-        assert rec.versions == [9, 9] and stats["buckets"] == 2 and stats["version"] == 9
+        # both buckets, then the sync's end: a vLLM replica never finalises its reload otherwise
+        assert rec.versions == [9, 9, ("finished", 9)] and stats["buckets"] == 2 and stats["version"] == 9
         for n, t in named:
             assert rec.got[n].dtype == t.dtype and rec.got[n].shape == t.shape
             torch.testing.assert_close(rec.got[n], t, rtol=0, atol=0)

@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # The stamp changes whenever the pins change, so a stale venv is rebuilt, a current one is reused.
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml requirements/lock-cpu.txt | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# Every venv is installed without byte-compiling (pip --no-compile: most of an install's CPU time, 366 s
+# -> 149 s for CI's venvs; docs/findings.md, "CI time"). Imports then write the bytecode of the modules
+# they use, once, which PYTHONDONTWRITEBYTECODE=1 (set on some boxes) would turn into a compile per process.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup harness-venvs vllm-venv test test-vllm test-fast demo demo-gateway ablations lint format bench clean
 
@@ -15,7 +19,8 @@ $(STAMP): pyproject.toml requirements/lock-cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# lock-cpu.txt pins the whole closure; torch==2.13.0 there is the CPU wheel on this kind of box
-	$(PY) -m pip install -q -c requirements/lock-cpu.txt -e '.[dev]'
+	# --no-compile: byte-compiling is most of the install's CPU time; imports compile what they use
+	$(PY) -m pip install -q --no-compile -c requirements/lock-cpu.txt -e '.[dev]'
 	rm -f $(VENV)/.stamp-* && touch $@
 
 # one venv per memory framework (their pins conflict); skipped when current (stamp = lock hash)

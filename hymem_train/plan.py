@@ -431,7 +431,9 @@ def make_plan(cfg: StageConfig) -> Plan:
             f"rollout.num_workers={cfg.rollout.num_workers} < {rollouts} rollouts per step: they run in "
             f"{math.ceil(rollouts / in_flight)} waves, the engines batch only {in_flight} at a time"
         )
-    if cfg.gateway.max_batch_size < in_flight:
+    # vLLM's async engine takes each call as it arrives (gateway.batcher.Continuous): no batch cap
+    continuous = cfg.engine.kind == "vllm" and cfg.engine.async_engine
+    if cfg.gateway.max_batch_size < in_flight and not continuous:
         # the batcher hands the engine one batch of at most max_batch_size calls and waits for it, so the
         # replicas never see more than that many sequences at once (docs/performance.md, cost model)
         notes.append(

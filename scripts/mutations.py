@@ -146,6 +146,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "if False:",
         ("tests/trainer/test_packing.py::test_opd_without_teacher_topk_raises_failure_2",),
     ),
+    Mutation(  # CI time: DeepSpeed's CPU shared-memory op compiled at every comm init on a new box
+        "deepspeed_shm_op_built",
+        "hymem_train/trainer/engine.py",
+        '        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False\n',
+        "",
+        ("tests/trainer/test_engine_dist.py::test_cpu_comm_init_skips_deepspeeds_shared_memory_op",),
+        slow=True,
+    ),
     # the vLLM engine's gate around a weight sync (silent failure 13); the vLLM tier's
     # test_a_sync_waits_for_requests_in_flight_and_holds_new_ones fails on each of them too, run with
     # `.venvs/vllm_cpu/bin/python scripts/mutations.py --only ... --tests <that node id>`

@@ -41,6 +41,14 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
+    if not torch.cuda.is_available():
+        # DeepSpeed's CPU comm JIT-compiles a shared-memory all-reduce (deepspeed_shm_comm: ~50 s on 2
+        # cores on a new box, again whenever another venv's torch built it last) that only its
+        # inference_all_reduce calls, never training; marked unbuildable, it is skipped (None)
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
     if "RANK" not in os.environ:  # single process without torchrun
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -201,7 +201,11 @@ def test_cli_prints_the_plan_and_exits_nonzero_on_refusal():
 
 
 def test_notes_the_gateway_batch_cap_below_the_calls_in_flight():
-    # 512 rollouts in flight but the gateway hands the engines 16 calls at a time (the cost model's lever)
-    text = format_plan(_plan("rl"))
+    # vLLM's offline engine: 512 rollouts in flight but the gateway hands the engines 16 calls at a time
+    # (the cost model's lever)
+    text = format_plan(_plan("rl", "engine.async_engine=false"))
     assert "gateway.max_batch_size=16 < 512 calls in flight" in text
-    assert "gateway.max_batch_size=16" not in format_plan(_plan("rl", "gateway.max_batch_size=512"))
+    big = _plan("rl", "engine.async_engine=false", "gateway.max_batch_size=512")
+    assert "gateway.max_batch_size=16" not in format_plan(big)
+    # the async engine (the default) takes each call as it arrives: the cap does not apply
+    assert "gateway.max_batch_size" not in format_plan(_plan("rl"))

@@ -27,6 +27,10 @@ FRAMEWORKS = {
 # ~20k-token prompts made its OPD half ~150 s; docs/findings.md, "CI time"). OPD inside a real framework
 # stays covered by hy-memory, and the OPD write path is the RL one (the same rollout worker).
 RL_ONLY = {"mem0", "memoryos"}
+# mem0's RL step collects and scores but does not train (rollout.mode=rollout_only): its 4 segments of
+# ~20k tokens took 103 of the test's 196 s to train on CPU. Training on a real framework's segments stays
+# covered by hy-memory and MemoryOS; the trainer never sees which framework wrote a segment.
+NO_TRAIN = {"mem0"}
 
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
@@ -52,12 +56,17 @@ def test_opd_then_rl_steps_inside_real_framework(assets, stage, framework):
 
     rl = root / f"rl_{framework}"
     stage.run(stage.cmd("rl", assets, rl, "num_steps=1", "save_every=1", "data.eval_path=",
-                        f"init_checkpoint={init}", *args, "rl.num_windows_per_step=1"),
+                        f"init_checkpoint={init}", *args, "rl.num_windows_per_step=1",
+                        *(["rollout.mode=rollout_only"] if framework in NO_TRAIN else [])),
               root / f"rl_{framework}.log")  # fmt: skip
     m = stage.metrics(rl)[1]
     assert m["reward/bank_faults"] == 0  # every snapshot opened and searched through its sandbox
     assert m["reward/reader_calls"] > 0 and m["rollout/platform_error_rollouts"] == 0
-    assert m["rollout/segments"] > 0 and m["train/num_loss_tokens"] > 0
+    assert m["rollout/segments"] > 0
+    if framework in NO_TRAIN:
+        assert "train/num_loss_tokens" not in m
+    else:
+        assert m["train/num_loss_tokens"] > 0
     check_embeddings(framework, m)
     lineage = json.loads((rl / "lineage.json").read_text())
     assert lineage and all(v["harness"] == framework for v in lineage.values())

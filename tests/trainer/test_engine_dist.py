@@ -133,3 +133,20 @@ def test_opd_step_on_one_rank_logs_support_metrics(tmp_path):
         rate = m.get("moe/replay_mismatch_rate")
         assert rate is not None and 0.9 < rate <= 1.0, rate
         assert m["train/grad_norm"] > 0.0
+
+
+def test_cpu_comm_init_skips_deepspeeds_shared_memory_op(tmp_path):
+    """On CPU, init_distributed keeps DeepSpeed from JIT-compiling its shared-memory all-reduce (about
+    50 s on 2 cores, and again each time another venv's torch built it last): training never calls it."""
+    code = (
+        "from hymem_train.trainer.engine import init_distributed; init_distributed()\n"
+        "from deepspeed.comm import comm; print('shm op:', comm.cdb.shm_comm_op)\n"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "HF_HUB_OFFLINE": "1"}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "shm op: None" in out.stdout, out.stdout
+    assert not list((tmp_path / "ext").rglob("*.so"))  # nothing was compiled

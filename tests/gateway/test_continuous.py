@@ -9,6 +9,7 @@ import openai
 import pytest
 import torch
 
+from hymem_train.engines.base import SamplingParams
 from hymem_train.engines.hf import HFEngine
 from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
 from hymem_train.models import build_model
@@ -66,3 +67,32 @@ def test_requests_go_straight_into_a_continuously_batching_engine():
         ids = seg.response_ids[:-1] if seg.finish_reason == "stop" else seg.response_ids
         assert tok.decode(ids) == r.choices[0].message.content
         assert r.usage.completion_tokens == len(seg.response_ids) == len(seg.logprobs)
+
+
+class StampedEngine:
+    """Outputs stamped with the version that sampled them (6) while the engine's own attribute says 7: a
+    pool whose replica finished a sync before the pool's version moved, or the other way round."""
+
+    def __init__(self, inner: HFEngine):
+        self.inner, self.max_model_len, self.policy_version = inner, inner.max_model_len, 7
+
+    def generate(self, prompts, params):
+        outs = self.inner.generate(prompts, params)
+        for o in outs:
+            o.policy_version = 6
+        return outs
+
+
+def test_a_segment_carries_the_version_its_engine_stamped():
+    tok = default_tokenizer()
+    inner = HFEngine(build_model("tiny", seed=0), [tok.eos_token_id], tok.pad_token_id, max_model_len=200)
+    (o,) = inner.generate([tok.encode("hi")], [SamplingParams(max_tokens=2)])
+    assert o.policy_version == inner.policy_version == 0  # the HF engine stamps its own
+    gw = Gateway(StampedEngine(inner), tok, GatewayConfig(embeddings=False, batch_wait_ms=5))
+    with GatewayServer(gw) as srv:
+        key = gw.register("t0", "b0")
+        gw.set_chunk("t0", 0)
+        c = openai.OpenAI(base_url=srv.base_url, api_key=key, max_retries=0)
+        c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    (seg,) = gw.store.get("t0")
+    assert seg.policy_version == 6  # what sampled it, not what the engine says after the fact

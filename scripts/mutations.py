@@ -154,6 +154,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/trainer/test_engine_dist.py::test_cpu_comm_init_skips_deepspeeds_shared_memory_op",),
         slow=True,
     ),
+    Mutation(  # silent failure 11: a replica loads every bucket but never finishes the sync
+        "replica_sync_never_finished",
+        "hymem_train/trainer/weight_group.py",
+        "        engine.finish_sync(version)\n",
+        "        pass\n",
+        ("tests/trainer/test_weight_group.py::test_broadcast_wire_format_roundtrip",),
+    ),
     Mutation(  # silent failure 13: a segment stamped with the engine's version after the fact
         "segment_version_from_engine_attribute",
         "hymem_train/gateway/server.py",

@@ -119,7 +119,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     from hymem_train.rollout.harness_factory import BankReaderFactory
     from hymem_train.rollout.lineage import BankLineage
     from hymem_train.rollout.pool import RolloutPool
-    from hymem_train.rollout.scheduler import WindowScheduler
+    from hymem_train.rollout.scheduler import ScheduleError, WindowScheduler
     from hymem_train.trainer.engine import Trainer, load_trainer_model
 
     run_dir = Path(cfg.run.output_dir)
@@ -169,6 +169,13 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
         log_data_table(stage.dataset, run_dir)
         if "scheduler" in client_state:  # the cursor that belongs to the loaded checkpoint
             stage.scheduler.restore(client_state["scheduler"])
+        elif start_step == 0:  # no checkpoint yet: a killed first step's cursor must not skip its windows
+            stage.scheduler.start_over()
+        else:
+            raise ScheduleError(
+                f"{checkpoints.dir}: the checkpoint of step {start_step} holds no window scheduler cursor (not "
+                "written by a training stage); use a new run.output_dir"
+            )
         lineage = BankLineage(run_dir, lambda name: stage.bank_readers[name]())
         pool = None
         if cfg.rollout.mode != "train_only":

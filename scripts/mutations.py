@@ -161,6 +161,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        pass\n",
         ("tests/trainer/test_weight_group.py::test_broadcast_wire_format_roundtrip",),
     ),
+    Mutation(  # silent failure 14: a restart with no checkpoint keeps the killed step's cursor
+        "restart_keeps_killed_cursor",
+        "hymem_train/stage.py",
+        "            stage.scheduler.start_over()\n",
+        "            pass\n",
+        ("tests/stages/test_stages_cli.py::test_rl_kill9_then_resume_reproduces_the_uninterrupted_run",),
+    ),
+    Mutation(  # silent failure 14: starting over leaves the cursor where it was
+        "start_over_keeps_cursor",
+        "hymem_train/rollout/scheduler.py",
+        '        self.restore({"cursor": dict.fromkeys(self.keys, 0), "epoch": dict.fromkeys(self.keys, 0), "rr": 0})\n',
+        "        self.restore(self.state())\n",
+        ("tests/rollout/test_rollout_worker.py::test_a_scheduler_starts_over_without_a_checkpoint",),
+    ),
     Mutation(  # silent failure 13: a segment stamped with the engine's version after the fact
         "segment_version_from_engine_attribute",
         "hymem_train/gateway/server.py",

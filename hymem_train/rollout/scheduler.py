@@ -146,6 +146,11 @@ class WindowScheduler:
         self._set_state(st, "checkpoint scheduler state")
         atomic_write_text(self.state_path, json.dumps(self.state()))
 
+    def start_over(self) -> None:
+        """Every lineage at its first window: a run with no complete checkpoint starts there, whatever a
+        first step killed before its checkpoint left in scheduler.json (it would skip that step's windows)."""
+        self.restore({"cursor": dict.fromkeys(self.keys, 0), "epoch": dict.fromkeys(self.keys, 0), "rr": 0})
+
     def _set_state(self, st: dict, where: str) -> None:
         if set(st["cursor"]) != set(self.keys) or set(st["epoch"]) != set(self.keys):
             diff = sorted(set(st["cursor"]) ^ set(self.keys))[:5]

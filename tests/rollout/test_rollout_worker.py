@@ -163,3 +163,18 @@ def test_scheduler_state_restores_an_older_cursor(synth_ds, tmp_path):
     resumed.restore(saved)
     assert {sw.window.index for sw in resumed.next_windows(8)} == {1}
     assert WindowScheduler(ws, ["native"], tmp_path).state() == saved  # restore is persisted
+
+
+def test_a_scheduler_starts_over_without_a_checkpoint(synth_ds, tmp_path):
+    """Silent failure 14: step 1 advanced the cursor, then the run was killed before any checkpoint was
+    complete; the restarted run starts every lineage at its first window (and persists that)."""
+    ws = synth_ds.windows
+    s = WindowScheduler(ws, ["native"], tmp_path)
+    fresh = s.state()
+    s.advance(s.next_windows(8))
+    restarted = WindowScheduler(ws, ["native"], tmp_path)
+    assert {sw.window.index for sw in restarted.next_windows(8)} == {1}  # what scheduler.json says
+    restarted.start_over()
+    assert restarted.state() == fresh
+    assert {sw.window.index for sw in restarted.next_windows(8)} == {0}
+    assert WindowScheduler(ws, ["native"], tmp_path).state() == fresh

@@ -66,24 +66,37 @@ def _lineage_view(out) -> dict:
 
 def test_rl_kill9_then_resume_reproduces_the_uninterrupted_run(assets, stage, opd_one_rank, rl_one_rank):
     # the uninterrupted run is the shared 1-rank RL reference (2 steps from the OPD reference's weights),
-    # run in the same environment
+    # run in the same environment. The run is killed twice: inside step 1 after its windows advanced the
+    # scheduler but before any checkpoint (it must start over, not skip them), then after step 1's checkpoint
     root, ref = assets["root"], rl_one_rank
     args = (*RL_TWO_STEPS, f"init_checkpoint={opd_one_rank}/final")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     out = root / "rl_killed"
-    log = (root / "rl_killed.log").open("w")
-    p = subprocess.Popen(
-        stage.cmd("rl", assets, out, *args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env=env,
-    )  # fmt: skip
-    deadline = time.time() + 600
-    while not (out / "checkpoints" / "step_1").exists():
-        assert p.poll() is None, (root / "rl_killed.log").read_text()[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)  # kill -9 the run and every process it started (Ray workers too)
-    p.wait()
-    assert not (out / "final").exists()
+    ckpt = out / "checkpoints"
+
+    def kill_when(ready, name: str) -> None:
+        log = (root / f"{name}.log").open("w")
+        p = subprocess.Popen(
+            stage.cmd("rl", assets, out, *args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+        )  # fmt: skip
+        deadline = time.time() + 600
+        while not ready():
+            assert p.poll() is None, (root / f"{name}.log").read_text()[-3000:]
+            assert time.time() < deadline
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGKILL)  # kill -9 the run and every process it started (Ray workers too)
+        p.wait()
+
+    def advanced() -> bool:  # scheduler.json (atomic) moves when step 1's windows are done
+        path = out / "scheduler.json"
+        return path.exists() and any(json.loads(path.read_text())["cursor"].values())
+
+    # step 1's checkpoint follows its training and eval, seconds after its windows advanced
+    kill_when(advanced, "rl_killed_before_checkpoint")
+    assert not (ckpt / "latest").exists()
+    kill_when(lambda: (ckpt / "latest").exists(), "rl_killed_after_checkpoint")
+    assert (ckpt / "latest").read_text().strip() == "step_1" and not (out / "final").exists()
     stage.run(stage.cmd("rl", assets, out, *args), root / "rl_resumed.log", env=env)
 
     assert _lineage_view(out) == _lineage_view(ref)

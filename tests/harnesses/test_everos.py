@@ -69,6 +69,15 @@ def policy(**overrides):
     return lambda body: replies[kind(body)]
 
 
+def profile_calls(calls: list[str], expected: list[str]) -> int:
+    """EverOS 1.5.1's profile strategy looks the new episode up in LanceDB while its own cascade indexer
+    may not have copied it there yet (the race its TODO in everos/memory/strategies/extract_user_profile.py
+    names), so after a stored episode it makes one profile call on some runs and none on others (seen in
+    CI: docs/harnesses.md). Every other call is `expected`, in order; returns the number of profile calls."""
+    assert [c for c in calls if c != "profile"] == expected and calls.count("profile") <= 1, calls
+    return calls.count("profile")
+
+
 @pytest.fixture
 def everos(tmp_path, server):
     llm = Endpoint(server.base_url, "traj-A", "policy", timeout_s=10)
@@ -91,18 +100,20 @@ def test_scripted_policy_stores_reopens_forks(tmp_path, server, everos):
     server.set_replies(policy())
     meta = everos.open(tmp_path / "bank", create=True)
     res = everos.write_chunk(CHUNK, "s1", "2023-03-05", chunk_index=1)
-    calls = [kind(r.body) for r in server.chat_requests()]
-    assert (res.status, res.num_llm_calls, res.num_added) == (WriteStatus.OK, 3, 3), (res, calls)
-    assert sorted(e.text for e in everos.read_all()) == [
+    reqs = server.chat_requests()
+    p = profile_calls([kind(r.body) for r in reqs], ["boundary", "episode", "atomic_fact"])
+    # a profile call stores the user's (here empty) profile row: one more entry
+    assert (res.status, res.num_llm_calls, res.num_added) == (WriteStatus.OK, 3 + p, 3 + p), res
+    entries = everos.read_all()
+    assert [e.metadata["kind"] for e in entries].count("user_profile") == p
+    assert sorted(e.text for e in entries if e.metadata["kind"] != "user_profile") == [
         "User has a cat named Pixel.",
         "User lives in Lisbon.",
         "User moved to Lisbon in March 2023 and adopted a cat named Pixel.",
     ]
-    assert everos.count() == 3
+    assert everos.count() == 3 + p
     hits = everos.search("cat named Pixel", 2)
     assert "User has a cat named Pixel." in [e.text for e in hits], hits
-    reqs = server.chat_requests()
-    assert [kind(r.body) for r in reqs] == ["boundary", "episode", "atomic_fact"]
     assert all(r.headers["X-Hymem-Chunk-Index"] == "1" and r.body["temperature"] == 1.0 for r in reqs)
     assert "2023-03-05" in reqs[0].body["messages"][-1]["content"]  # the chunk date is the message time
     assert everos.call("stats")["num_foreign_calls"] == 0
@@ -111,7 +122,7 @@ def test_scripted_policy_stores_reopens_forks(tmp_path, server, everos):
     kids = everos.fork(tmp_path / "bank", [tmp_path / "k0"])
     everos.open(tmp_path / "k0")
     assert everos.metadata().lineage == (meta.bank_id,) and kids[0].bank_id == everos.metadata().bank_id
-    assert "User has a cat named Pixel." in [e.text for e in everos.read_all()] and everos.count() == 3
+    assert "User has a cat named Pixel." in [e.text for e in everos.read_all()] and everos.count() == 3 + p
     everos.close()
     everos.open(tmp_path / "other", create=True)  # same process, another bank: nothing leaks across
     assert everos.count() == 0 and everos.read_all() == []
@@ -124,17 +135,22 @@ def test_malformed_output_gives_policy_errors(tmp_path, server, everos):
     # (stage replies, LLM calls: EverOS retries a rejected boundary / episode reply 3 times in all,
     # an atomic-fact run is retried by its OME engine)
     cases = [
-        ({"boundary": "no json at all"}, 3),
-        ({"boundary": '{"boundaries": []}'}, 3),
-        ({"episode": '{"title": "x"}'}, 1 + 3),
-        ({"atomic_fact": '{"facts": []}'}, 1 + 1 + 3),
+        ({"boundary": "no json at all"}, ["boundary"] * 3),
+        ({"boundary": '{"boundaries": []}'}, ["boundary"] * 3),
+        ({"episode": '{"title": "x"}'}, ["boundary"] + ["episode"] * 3),
+        ({"atomic_fact": '{"facts": []}'}, ["boundary", "episode"] + ["atomic_fact"] * 3),
     ]
-    for overrides, n_calls in cases:
+    for overrides, expected in cases:
         server.set_replies(policy(**overrides))
+        n0 = len(server.chat_requests())
         res = everos.write_chunk(CHUNK, "s1", "2023-03-05")
-        assert res.status is WriteStatus.POLICY_ERROR and res.num_llm_calls == n_calls, (overrides, res)
-    # the last case stored its episode before its facts were rejected: nothing else got in
-    assert [e.metadata["kind"] for e in everos.read_all()] == ["episode"]
+        p = profile_calls([kind(r.body) for r in server.chat_requests()[n0:]], expected)
+        assert res.status is WriteStatus.POLICY_ERROR and res.num_llm_calls == len(expected) + p, (
+            overrides,
+            res,
+        )
+    # the last case stored its episode (and maybe its profile) before its facts were rejected
+    assert [e.metadata["kind"] for e in everos.read_all()] == ["episode"] + ["user_profile"] * p
     # a chunk with no user turn stores nothing: fine when the reply was clean, a policy error when
     # the reply was only usable after EverOS cut the JSON out of it (silent failure 9)
     assistant_only = [{"role": "assistant", "content": "Noted."}]
@@ -153,6 +169,10 @@ def test_platform_errors_and_kill_mid_write(tmp_path, server, everos):
     server.set_replies(policy())
     everos.open(tmp_path / "bank", create=True)
     assert everos.write_chunk(CHUNK, "s1", "2023-03-05").status is WriteStatus.OK
+    stored = everos.count()
+    assert stored == 3 + profile_calls(
+        [kind(r.body) for r in server.chat_requests()], ["boundary", "episode", "atomic_fact"]
+    )
     server.set_replies([HttpFailure(503)])
     res = everos.write_chunk(CHUNK, "s2", "2023-03-06")
     assert res.status is WriteStatus.PLATFORM_ERROR, res
@@ -164,7 +184,7 @@ def test_platform_errors_and_kill_mid_write(tmp_path, server, everos):
     server.set_replies(kill_then_answer)
     res = everos.write_chunk(CHUNK, "s3", "2023-03-07")
     assert res.status is WriteStatus.PLATFORM_ERROR and "exited" in res.error, res
-    assert everos.count() == 3  # the pre-write bank was put back
+    assert everos.count() == stored  # the pre-write bank was put back
 
 
 @needs_venv

@@ -8,7 +8,6 @@ so a well-formed "policy" stores known memories. Skips (with the command that fi
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -98,12 +97,7 @@ def test_needed_cutout_is_everos_lenient_step_only():
 
 @needs_venv  # two sandbox starts of EverOS (FastAPI app, LanceDB, OME engine): 10 s measured
 def test_scripted_policy_stores_reopens_forks(tmp_path, server, everos):
-    def late_facts(body):  # the background atomic-fact run answers late: the write waits for it
-        if kind(body) == "atomic_fact":
-            time.sleep(2)
-        return policy()(body)
-
-    server.set_replies(late_facts)
+    server.set_replies(policy())
     meta = everos.open(tmp_path / "bank", create=True)
     res = everos.write_chunk(CHUNK, "s1", "2023-03-05", chunk_index=1)
     reqs = server.chat_requests()

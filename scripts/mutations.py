@@ -161,13 +161,6 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        pass\n",
         ("tests/trainer/test_weight_group.py::test_broadcast_wire_format_roundtrip",),
     ),
-    Mutation(  # silent failure 6: EverOS's write returns before its background strategies ran
-        "everos_write_not_settled",
-        "harnesses/adapters/everos.py",
-        "        if not client.portal.call(functools.partial(engine.wait_idle, timeout=self.opts.idle_timeout_s)):\n",
-        "        if False:\n",
-        ("tests/harnesses/test_everos.py::test_scripted_policy_stores_reopens_forks",),
-    ),
     Mutation(  # silent failure 14: a restart with no checkpoint keeps the killed step's cursor
         "restart_keeps_killed_cursor",
         "hymem_train/stage.py",

@@ -30,6 +30,7 @@ import random
 from dataclasses import dataclass, field
 
 from data_pipeline.chunking import ChunkingConfig, build_windows, chunk_sequence
+from data_pipeline.ledger import LedgerConfig, generate_ledger_sequence
 from data_pipeline.schema import (
     NO_SUCH_RECORD,
     Chunk,
@@ -48,6 +49,7 @@ from data_pipeline.schema import (
     question_id,
 )
 
+WORLDS = ("templated", "ledger")
 PEOPLE = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Gus", "Hana", "Ivan", "Julia", "Kofi", "Lena"]
 FRIENDS = ["Sam", "Robin", "Alex", "Jo"]
 
@@ -133,6 +135,10 @@ class SyntheticConfig:
     # (empty, not {chat: 1}: Hydra merges a given mix into the default's keys). Sequence n's kind is fixed
     # by the shares (largest remainder) and the seed, never by the other kinds' random draws
     mix: dict[str, float] = field(default_factory=dict)
+    # "templated": the episode kinds above; "ledger": data_pipeline.ledger (restatements, Transitions
+    # that keep every state with its date, A -> B -> A, small talk stated like a fact), mix unused
+    world: str = "templated"
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)  # the ledger world's knobs
 
 
 @dataclass
@@ -377,9 +383,19 @@ def _eval_items(
 
 
 def generate(cfg: SyntheticConfig) -> SyntheticData:
+    if cfg.world not in WORLDS:
+        raise ValueError(f"synthetic.world={cfg.world!r}: want one of {WORLDS}")
     out = SyntheticData()
-    for n, kind in enumerate(sequence_kinds(cfg)):
-        one = generate_sequence(cfg, n) if kind == "chat" else generate_agent_sequence(cfg, n, SCENES[kind])
+    if cfg.world == "ledger":
+        cfg.ledger.validate()
+        kinds = ["ledger"] * cfg.num_sequences
+    else:
+        kinds = sequence_kinds(cfg)
+    for n, kind in enumerate(kinds):
+        if kind == "ledger":
+            one = generate_ledger_sequence(cfg, n)
+        else:
+            one = generate_sequence(cfg, n) if kind == "chat" else generate_agent_sequence(cfg, n, SCENES[kind])
         for name, rows in one.tables().items():
             out.tables()[name].extend(rows)
     return out

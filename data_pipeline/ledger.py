@@ -192,7 +192,9 @@ def parse_statement(text: str) -> tuple[str, str, str] | None:
     for kind, forms in (("restate", SAY_RESTATE), ("update", SAY_UPDATE), ("transient", SAY_TRANSIENT),
                         ("new", SAY_NEW)):  # fmt: skip
         for f in forms:
-            pat = "^" + re.escape(f).replace(r"\{a\}", "(?P<a>[a-z]+)").replace(r"\{v\}", r"(?P<v>\S+?)") + "$"
+            pat = (
+                "^" + re.escape(f).replace(r"\{a\}", "(?P<a>[a-z]+)").replace(r"\{v\}", r"(?P<v>\S+?)") + "$"
+            )
             m = re.match(pat, text)
             if m and m.group("a") in ATTR_BY_NAME:
                 return kind, m.group("a"), m.group("v")
@@ -245,7 +247,9 @@ def generate_ledger_sequence(cfg, n: int):
             lines.insert(rng.randrange(len(lines) + 1), ("transient", tr.name, rng.choice(tr.values)))
         k_probe = 0
         for kind, a, v in lines:
-            form = {"new": SAY_NEW, "restate": SAY_RESTATE, "update": SAY_UPDATE, "transient": SAY_TRANSIENT}[kind]
+            form = {"new": SAY_NEW, "restate": SAY_RESTATE, "update": SAY_UPDATE, "transient": SAY_TRANSIENT}[
+                kind
+            ]
             tid = f"D{t + 1}:{len(turns) + 1}"
             turns.append(Turn(tid, person, rng.choice(form).format(a=a, v=v)))
             q = f"What is {record_key(person, a)}?"
@@ -276,7 +280,9 @@ def generate_ledger_sequence(cfg, n: int):
             else:
                 rubric = f"Full credit only for the {a} '{v}'; 0 for another {a}, a hedge, or no record."
                 pk = ATTR_BY_NAME[a].kind
-            probes.append(Probe(probe_id(seq_id, t, k_probe), seq_id, t, pk, q, v, rubric, False, [f.fact_id]))
+            probes.append(
+                Probe(probe_id(seq_id, t, k_probe), seq_id, t, pk, q, v, rubric, False, [f.fact_id])
+            )
             k_probe += 1
         turns.append(Turn(f"D{t + 1}:{len(turns) + 1}", friend, rng.choice(REPLIES)))
         sessions.append(Session(f"session_{t + 1}", date, turns))
@@ -284,7 +290,9 @@ def generate_ledger_sequence(cfg, n: int):
     out = SyntheticData()
     seq = Sequence(seq_id, "synthetic_ledger", sessions, speakers=[person, friend])
     out.sequences.append(seq)
-    out.chunks = chunk_sequence(seq, ChunkingConfig(mode="session", num_chunks_per_window=cfg.num_chunks_per_window))
+    out.chunks = chunk_sequence(
+        seq, ChunkingConfig(mode="session", num_chunks_per_window=cfg.num_chunks_per_window)
+    )
     out.windows = build_windows(out.chunks, cfg.num_chunks_per_window)
     out.facts, out.probes = facts, probes
     out.orm_questions = _orm_questions(cfg, rng, seq_id, person, out.windows, history)
@@ -340,7 +348,9 @@ def _orm_questions(cfg, rng, seq_id, person, windows, history) -> list[OrmQuesti
     return out
 
 
-def _eval_items(seq_id: str, person: str, history: dict[str, list[_State]], probes: list[Probe]) -> list[EvalItem]:
+def _eval_items(
+    seq_id: str, person: str, history: dict[str, list[_State]], probes: list[Probe]
+) -> list[EvalItem]:
     """End-of-stream QA (the swap table): every key's current value, every changed key's history,
     and the traps."""
     items: list[EvalItem] = []
@@ -419,3 +429,51 @@ def unseen_value_share(facts) -> float:
             if attr is not None:
                 vals.append(r.current not in attr.values[:NUM_TRAIN_VALUES])
     return sum(vals) / len(vals) if vals else 0.0
+
+
+def pretraining_documents(num_documents: int, seed: int, episodes_per_document: int = 8) -> list[str]:
+    """Plain-text copy episodes in the ledger's own forms: the tiny demo models' stand-in for the
+    pretraining of the report's LLMs (a writer must copy a name, an attribute and a value from a line
+    into a record, and append a state to a record). Each episode draws a person, attributes and values
+    at random from every value (no person-value pairing to memorise):
+    - fact:      "Alice: My city is Lisbon.\\nRecord: Alice's city: Lisbon"
+    - change:    "Record: Alice's city: Lisbon\\n2023-01-16 Alice: Actually, my city is Oslo now.\\n"
+                 "Record: Alice's city: Lisbon, then Oslo (2023-01-16)"
+    - skip:      "Alice: My snack today is popcorn.\\nRecord: none" (transient lines and restatements)
+    Not the harness's JSON or chat template: SFT teaches those. Deterministic in its arguments."""
+    if num_documents < 0 or episodes_per_document < 1:
+        raise ValueError("num_documents must be >= 0 and episodes_per_document >= 1")
+    rng = random.Random(f"hymem-ledger-pretrain:{seed}")
+    people = PEOPLE + FRIENDS
+    start = dt.date(2023, 1, 2)
+    docs = []
+    for _ in range(num_documents):
+        eps = []
+        for _ in range(episodes_per_document):
+            p, r = rng.choice(people), rng.random()
+            a = rng.choice(ATTRS)
+            v = rng.choice(a.values)
+            if r < 0.5:
+                eps.append(
+                    f"{p}: {rng.choice(SAY_NEW).format(a=a.name, v=v)}\nRecord: {record_text(p, a.name, [(v, '')])}"
+                )
+            elif r < 0.8:
+                states = [(v, "")]
+                for _ in range(rng.choice((0, 0, 1))):
+                    states.append(
+                        (rng.choice(a.values), (start + dt.timedelta(days=7 * rng.randrange(20))).isoformat())
+                    )
+                new = rng.choice([x for x in a.values if x != states[-1][0]])
+                d = (start + dt.timedelta(days=7 * rng.randrange(20, 40))).isoformat()
+                eps.append(f"Record: {record_text(p, a.name, states)}\n{d} {p}: "
+                           f"{rng.choice(SAY_UPDATE).format(a=a.name, v=new)}\n"
+                           f"Record: {record_text(p, a.name, [*states, (new, d)])}")  # fmt: skip
+            else:
+                if rng.random() < 0.5:
+                    tr = rng.choice(TRANSIENT)
+                    line = rng.choice(SAY_TRANSIENT).format(a=tr.name, v=rng.choice(tr.values))
+                else:
+                    line = rng.choice(SAY_RESTATE).format(a=a.name, v=v)
+                eps.append(f"{p}: {line}\nRecord: none")
+        docs.append("\n".join(eps))
+    return docs

@@ -5,7 +5,8 @@ about themselves ("My city is Lisbon."), restates some of them ("Like I said, my
 changes some ("Actually, my city is Oslo now.", sometimes back to an earlier value: A -> B -> A) and
 makes small talk about transient things ("My snack today is popcorn."): the traps.
 
-A gold bank holds one record per (person, attribute) key, in the record grammar below. An update
+A gold bank holds one record per attribute, in the record grammar below (a bank holds one person's
+records, so a key is the attribute alone, as Mem0's memories about "the user" carry no name). An update
 keeps every state with the date it took effect (the report's Transition keeps both states), so a
 question about the history ("How did Alice's city change?") is answerable from the gold bank, and
 so is every other probe and ORM question: `tests/data/test_ledger.py` proves it with the
@@ -13,10 +14,11 @@ extractive reader (`reward.instrument`).
 
 Record grammar (one line per key; the writer produces it, the reader and the bank metrics parse it):
 
-    Alice's city: Lisbon                                   one state
-    Alice's city: Lisbon, then Oslo (2023-01-16)           a change on 2023-01-16: both states kept
-    Alice's city: Lisbon, then Oslo (2023-01-16), then Lisbon (2023-01-30)
+    city: Lisbon                                           one state
+    city: Lisbon, then Oslo (2023-01-16)                   a change on 2023-01-16: both states kept
+    city: Lisbon, then Oslo (2023-01-16), then Lisbon (2023-01-30)
 
+The questions name the person ("What is Alice's city?", "How did Alice's city change?").
 Values are single words; attributes are one or two lowercase words. Held-out data draws from every
 value of an attribute, training data (`values: train`) only from the first `NUM_TRAIN_VALUES`, so a
 held-out set holds a measured mix of seen and unseen values (`unseen_value_share`).
@@ -94,7 +96,7 @@ REPLIES = ("Nice!", "Oh wow.", "Ha, good to know.", "Cool, tell me more.", "Got 
 # ------------------------------------------------------------------------------------ record grammar
 @dataclass(frozen=True)
 class LedgerRecord:
-    """One parsed record: its key ("Alice's city") and its states, oldest first, with the date each
+    """One parsed record: its key (the attribute, "city") and its states, oldest first, with the date each
     took effect ("" for the first state, whose date the grammar does not carry)."""
 
     key: str
@@ -109,20 +111,21 @@ class LedgerRecord:
         return [v for v, _ in self.states]
 
 
-_RECORD_RE = re.compile(r"^\s*(?P<key>[^:\n]+?'s [a-z]+(?: [a-z]+)?)\s*:\s*(?P<states>.+?)\s*\.?\s*$")
+_RECORD_RE = re.compile(r"^\s*(?P<key>[A-Za-z]+(?: [A-Za-z]+)?)\s*:\s*(?P<states>.+?)\s*\.?\s*$")
 _LATER_RE = re.compile(r"^(?P<v>\S+) \((?P<d>\d{4}-\d{2}-\d{2})\)$")
 
 
-def record_key(person: str, attr: str) -> str:
+def question_key(person: str, attr: str) -> str:
+    """How a question names a record: "Alice's city"."""
     return f"{person}'s {attr}"
 
 
-def record_text(person: str, attr: str, states: list[tuple[str, str]]) -> str:
-    """The gold record of a key: states oldest first, each later one with the date it took effect."""
+def record_text(attr: str, states: list[tuple[str, str]]) -> str:
+    """The gold record of an attribute: states oldest first, each later one with the date it took effect."""
     if not states:
         raise ValueError("record_text: a record holds at least one state")
     parts = [states[0][0]] + [f"{v} ({d})" for v, d in states[1:]]
-    return f"{record_key(person, attr)}: " + ", then ".join(parts)
+    return f"{attr}: " + ", then ".join(parts)
 
 
 def parse_record(text: str) -> LedgerRecord | None:
@@ -201,10 +204,9 @@ def parse_statement(text: str) -> tuple[str, str, str] | None:
     return None
 
 
-def generate_ledger_sequence(cfg, n: int):
-    """One sequence of the ledger world (cfg: data_pipeline.synthetic.SyntheticConfig)."""
-    from data_pipeline.synthetic import SyntheticData
-
+def generate_ledger_sequence(cfg, n: int) -> dict[str, list]:
+    """One sequence of the ledger world as tables (name -> rows, as `SyntheticData.tables()`);
+    cfg: data_pipeline.synthetic.SyntheticConfig."""
     lc: LedgerConfig = cfg.ledger
     rng = random.Random(f"hymem-ledger:{cfg.seed}:{n}")
     suffix = n >= len(PEOPLE) and cfg.unique_person_names
@@ -252,7 +254,7 @@ def generate_ledger_sequence(cfg, n: int):
             ]
             tid = f"D{t + 1}:{len(turns) + 1}"
             turns.append(Turn(tid, person, rng.choice(form).format(a=a, v=v)))
-            q = f"What is {record_key(person, a)}?"
+            q = f"What is {question_key(person, a)}?"
             if kind == "transient":
                 rubric = (f"{person} only mentioned a passing {a}; no lasting {a} was ever stated. Full credit "
                           "only if the answer says there is no such record; 0 if it names anything.")  # fmt: skip
@@ -269,7 +271,7 @@ def generate_ledger_sequence(cfg, n: int):
                 continue
             prev = history[a][-1].fact.fact_id if kind == "update" else ""
             f = Fact(fact_id(seq_id, t, sum(x.chunk_index == t for x in facts)), seq_id, t,
-                     record_text(person, a, [(v, "")]), [tid], prev)  # fmt: skip
+                     record_text(a, [(v, "")]), [tid], prev)  # fmt: skip
             facts.append(f)
             history.setdefault(a, []).append(_State(v, date, t, f))
             if kind == "update":
@@ -287,17 +289,16 @@ def generate_ledger_sequence(cfg, n: int):
         turns.append(Turn(f"D{t + 1}:{len(turns) + 1}", friend, rng.choice(REPLIES)))
         sessions.append(Session(f"session_{t + 1}", date, turns))
 
-    out = SyntheticData()
     seq = Sequence(seq_id, "synthetic_ledger", sessions, speakers=[person, friend])
-    out.sequences.append(seq)
-    out.chunks = chunk_sequence(
+    chunks = chunk_sequence(
         seq, ChunkingConfig(mode="session", num_chunks_per_window=cfg.num_chunks_per_window)
     )
-    out.windows = build_windows(out.chunks, cfg.num_chunks_per_window)
-    out.facts, out.probes = facts, probes
-    out.orm_questions = _orm_questions(cfg, rng, seq_id, person, out.windows, history)
-    out.eval_items = _eval_items(seq_id, person, history, probes)
-    return out
+    windows = build_windows(chunks, cfg.num_chunks_per_window)
+    return {
+        "sequences": [seq], "chunks": chunks, "windows": windows, "facts": facts, "probes": probes,
+        "orm_questions": _orm_questions(cfg, rng, seq_id, person, windows, history),
+        "eval_items": _eval_items(seq_id, person, history, probes),
+    }  # fmt: skip
 
 
 def _history_answer(states: list[_State]) -> str:
@@ -316,7 +317,7 @@ def _orm_questions(cfg, rng, seq_id, person, windows, history) -> list[OrmQuesti
         cands: list[tuple[str, str, list[_State], str]] = []
         for a, st in sorted(asof.items()):
             if len(st) >= 2 and st[-1].chunk in w.chunk_indices:
-                q = f"How did {record_key(person, a)} change?"
+                q = f"How did {question_key(person, a)} change?"
                 ans = _history_answer(st)
                 rubric = (f"The {a} went {' -> '.join(s.value for s in st)}. Credit each state recovered, "
                           "in order; the current state alone recovers only the last one.")  # fmt: skip
@@ -329,7 +330,7 @@ def _orm_questions(cfg, rng, seq_id, person, windows, history) -> list[OrmQuesti
                 continue
             b, o = rng.choice(others)
             (a1, s1), (a2, s2) = sorted([(a, s), (b, o)], key=lambda x: (x[1].chunk, x[0]))
-            q = f"What are {record_key(person, a1)} and {a2}?"
+            q = f"What are {question_key(person, a1)} and {a2}?"
             rubric = f"Two facts: the {a1} '{s1.value}' and the {a2} '{s2.value}'. Credit each one recovered."
             cands.append((q, f"{s1.value}; {s2.value}", [s1, s2], rubric))
         rng.shuffle(cands)
@@ -363,10 +364,10 @@ def _eval_items(
         ))  # fmt: skip
 
     for a, st in sorted(history.items()):
-        add(f"What is {record_key(person, a)}?", st[-1].value,
+        add(f"What is {question_key(person, a)}?", st[-1].value,
             "transition" if len(st) > 1 else ATTR_BY_NAME[a].kind.value, st[-1:])  # fmt: skip
         if len(st) > 1:
-            add(f"How did {record_key(person, a)} change?", _history_answer(st), "history", st)
+            add(f"How did {question_key(person, a)} change?", _history_answer(st), "history", st)
     for q in sorted({p.question for p in probes if p.is_trap}):
         add(q, NO_SUCH_RECORD, ProbeKind.SHOULD_NOT_STORE.value, [], trap=True)
     return items
@@ -388,7 +389,6 @@ def gold_records(chunks, upto: int | None = None) -> list[str]:
     """The gold bank of one sequence after chunk `upto` (default: the last), from its chunks alone:
     one record per key, every state kept with the date it took effect; restatements and transient
     lines change nothing."""
-    person = None
     states: dict[str, list[tuple[str, str]]] = {}
     for c in sorted(chunks, key=lambda c: c.index):
         if upto is not None and c.index > upto:
@@ -397,13 +397,12 @@ def gold_records(chunks, upto: int | None = None) -> list[str]:
             p = parse_statement(turn.text)
             if p is None:
                 continue
-            person = turn.speaker
             kind, a, v = p
             if kind == "new":
                 states[a] = [(v, "")]
             elif kind == "update":
                 states.setdefault(a, []).append((v, c.date))
-    return [record_text(person, a, st) for a, st in states.items()] if person else []
+    return [record_text(a, st) for a, st in states.items()]
 
 
 def transient_records(chunks, upto: int | None = None) -> list[str]:
@@ -415,7 +414,7 @@ def transient_records(chunks, upto: int | None = None) -> list[str]:
         for turn in c.turns:
             p = parse_statement(turn.text)
             if p is not None and p[0] == "transient":
-                out.append(record_text(turn.speaker, p[1], [(p[2], "")]))
+                out.append(record_text(p[1], [(p[2], "")]))
     return out
 
 
@@ -425,21 +424,25 @@ def unseen_value_share(facts) -> float:
     for f in facts:
         r = parse_record(f.text)
         if r is not None:
-            attr = ATTR_BY_NAME.get(r.key.rsplit("'s ", 1)[-1])
+            attr = ATTR_BY_NAME.get(r.key)
             if attr is not None:
                 vals.append(r.current not in attr.values[:NUM_TRAIN_VALUES])
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def pretraining_documents(num_documents: int, seed: int, episodes_per_document: int = 8) -> list[str]:
+def pretraining_documents(
+    num_documents: int, seed: int, episodes_per_document: int = 8, mixed_share: float = 0.0
+) -> list[str]:
     """Plain-text copy episodes in the ledger's own forms: the tiny demo models' stand-in for the
-    pretraining of the report's LLMs (a writer must copy a name, an attribute and a value from a line
+    pretraining of the report's LLMs (a writer must copy an attribute and a value from a line
     into a record, and append a state to a record). Each episode draws a person, attributes and values
     at random from every value (no person-value pairing to memorise):
-    - fact:      "Alice: My city is Lisbon.\\nRecord: Alice's city: Lisbon"
-    - change:    "Record: Alice's city: Lisbon\\n2023-01-16 Alice: Actually, my city is Oslo now.\\n"
-                 "Record: Alice's city: Lisbon, then Oslo (2023-01-16)"
+    - fact:      "Alice: My city is Lisbon.\\nRecord: city: Lisbon"
+    - change:    "Record: city: Lisbon\\n2023-01-16 Alice: Actually, my city is Oslo now.\\n"
+                 "Record: city: Lisbon, then Oslo (2023-01-16)"
     - skip:      "Alice: My snack today is popcorn.\\nRecord: none" (transient lines and restatements)
+    - mixed (`mixed_share` of the episodes): 2-4 lines of new facts, restatements and small talk in any
+                 order, then "Records: job: pilot; dog: Rex" (the new facts only) or "Records: none"
     Not the harness's JSON or chat template: SFT teaches those. Deterministic in its arguments."""
     if num_documents < 0 or episodes_per_document < 1:
         raise ValueError("num_documents must be >= 0 and episodes_per_document >= 1")
@@ -453,9 +456,11 @@ def pretraining_documents(num_documents: int, seed: int, episodes_per_document: 
             p, r = rng.choice(people), rng.random()
             a = rng.choice(ATTRS)
             v = rng.choice(a.values)
-            if r < 0.5:
+            if rng.random() < mixed_share:
+                eps.append(_mixed_episode(rng, p))
+            elif r < 0.5:
                 eps.append(
-                    f"{p}: {rng.choice(SAY_NEW).format(a=a.name, v=v)}\nRecord: {record_text(p, a.name, [(v, '')])}"
+                    f"{p}: {rng.choice(SAY_NEW).format(a=a.name, v=v)}\nRecord: {record_text(a.name, [(v, '')])}"
                 )
             elif r < 0.8:
                 states = [(v, "")]
@@ -465,9 +470,9 @@ def pretraining_documents(num_documents: int, seed: int, episodes_per_document: 
                     )
                 new = rng.choice([x for x in a.values if x != states[-1][0]])
                 d = (start + dt.timedelta(days=7 * rng.randrange(20, 40))).isoformat()
-                eps.append(f"Record: {record_text(p, a.name, states)}\n{d} {p}: "
+                eps.append(f"Record: {record_text(a.name, states)}\n{d} {p}: "
                            f"{rng.choice(SAY_UPDATE).format(a=a.name, v=new)}\n"
-                           f"Record: {record_text(p, a.name, [*states, (new, d)])}")  # fmt: skip
+                           f"Record: {record_text(a.name, [*states, (new, d)])}")  # fmt: skip
             else:
                 if rng.random() < 0.5:
                     tr = rng.choice(TRANSIENT)
@@ -477,3 +482,22 @@ def pretraining_documents(num_documents: int, seed: int, episodes_per_document: 
                 eps.append(f"{p}: {line}\nRecord: none")
         docs.append("\n".join(eps))
     return docs
+
+
+def _mixed_episode(rng: random.Random, p: str) -> str:
+    lines, recs = [], []
+    for a in rng.sample(ATTRS, rng.randint(1, 3)):
+        v = rng.choice(a.values)
+        if rng.random() < 0.6:
+            lines.append(rng.choice(SAY_NEW).format(a=a.name, v=v))
+            recs.append(record_text(a.name, [(v, "")]))
+        else:
+            lines.append(rng.choice(SAY_RESTATE).format(a=a.name, v=v))
+    if rng.random() < 0.6:
+        tr = rng.choice(TRANSIENT)
+        lines.insert(
+            rng.randrange(len(lines) + 1),
+            rng.choice(SAY_TRANSIENT).format(a=tr.name, v=rng.choice(tr.values)),
+        )
+    body = "\n".join(f"{p}: {ln}" for ln in lines)
+    return f"{body}\nRecords: {'; '.join(recs) or 'none'}"

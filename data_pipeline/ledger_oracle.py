@@ -4,7 +4,7 @@
 session date, the existing memories as "[id] text" lines, the chunk as "user: <speaker>: <text>"
 lines) and replies with the JSON operations a writer should produce:
 
-- a new fact: ADD "<P>'s <attr>: <value>";
+- a new fact: ADD "<attr>: <value>";
 - a change: UPDATE the key's record, appending ", then <value> (<date>)" (every state kept);
 - a restatement, a transient line, a greeting: nothing; a chunk with nothing to store: NONE.
 
@@ -24,7 +24,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from data_pipeline.ledger import normalise_key, parse_record, parse_statement, record_key, record_text
+from data_pipeline.ledger import normalise_key, parse_record, parse_statement, record_text
 
 _LINE_RE = re.compile(r"^user: (?P<speaker>[^:]+): (?P<text>.+)$")
 _DATE_RE = re.compile(r"^Session [^,]*, date (?P<date>[^.\n]+)\.", re.M)
@@ -75,11 +75,11 @@ class LedgerOracle:
             st = parse_statement(lm.group("text")) if lm else None
             if st is None:
                 continue
-            person, (kind, attr, value) = lm.group("speaker"), st
-            key = normalise_key(record_key(person, attr))
+            kind, attr, value = st
+            key = normalise_key(attr)
             f = self.flaws
             if kind == "new":
-                ops.append({"op": "ADD", "text": record_text(person, attr, [(value, "")])})
+                ops.append({"op": "ADD", "text": record_text(attr, [(value, "")])})
                 self._count("add")
             elif kind == "update" and key in existing:
                 mid, states = existing[key]
@@ -90,15 +90,15 @@ class LedgerOracle:
                     states = [*states, (value, date)]
                     self._count("update")
                 existing[key] = (mid, states)
-                ops.append({"op": "UPDATE", "id": mid, "text": record_text(person, attr, states)})
+                ops.append({"op": "UPDATE", "id": mid, "text": record_text(attr, states)})
             elif kind == "update":  # the record is not among the shown memories: the best a writer can do
-                ops.append({"op": "ADD", "text": record_text(person, attr, [(value, "")])})
+                ops.append({"op": "ADD", "text": record_text(attr, [(value, "")])})
                 self._count("update_unseen")
             elif kind == "restate" and _draw(f.seed, date, raw, "dup") < f.duplicate_restatement:
-                ops.append({"op": "ADD", "text": record_text(person, attr, [(value, "")])})
+                ops.append({"op": "ADD", "text": record_text(attr, [(value, "")])})
                 self._count("flaw_duplicate_restatement")
             elif kind == "transient" and _draw(f.seed, date, raw, "talk") < f.store_small_talk:
-                ops.append({"op": "ADD", "text": record_text(person, attr, [(value, "")])})
+                ops.append({"op": "ADD", "text": record_text(attr, [(value, "")])})
                 self._count("flaw_store_small_talk")
             else:
                 self._count(f"skip_{kind}")

@@ -184,13 +184,37 @@ def read_table(root: str | Path, table: str) -> list[Any]:
     return [cls.from_dict(row, where=f"{path}[{i}] ({row.get(id_field)})") for i, row in enumerate(ds)]
 
 
-class BuiltDataset:
-    """All tables of a built dataset directory, indexed the way the rollout and reward code read them."""
+LEAKAGE_FILE = "leakage.json"  # reward.leakage: the items a frozen reader answers from an empty bank
 
-    def __init__(self, root: str | Path):
+
+def leaked_ids(root: str | Path) -> set[str]:
+    """Probe and ORM question ids `reward.leakage` found answerable from an empty bank (none checked: {})."""
+    p = Path(root) / LEAKAGE_FILE
+    if not p.exists():
+        return set()
+    d = json.loads(p.read_text())
+    return set(d["leaked_probes"]) | set(d["leaked_questions"])
+
+
+class BuiltDataset:
+    """All tables of a built dataset directory, indexed the way the rollout and reward code read them.
+    The probes and ORM questions its leakage.json lists are dropped unless `keep_leaked`."""
+
+    def __init__(self, root: str | Path, *, keep_leaked: bool = False):
         self.root = Path(root)
         self.manifest = read_manifest(self.root)
         self.tables: dict[str, list[Any]] = {t: read_table(self.root, t) for t in RECORD_TYPES}
+        self.dropped = set() if keep_leaked else leaked_ids(self.root)
+        if self.dropped:
+            self.tables["probes"] = [p for p in self.tables["probes"] if p.probe_id not in self.dropped]
+            qs = self.tables["orm_questions"]
+            self.tables["orm_questions"] = [q for q in qs if q.question_id not in self.dropped]
+            log.info(
+                "%s: %d leaked probes / ORM questions dropped (%s)",
+                self.root,
+                len(self.dropped),
+                LEAKAGE_FILE,
+            )
         self._chunks = {(c.sequence_id, c.index): c for c in self.tables["chunks"]}
         self._probes: dict[tuple[str, int], list[Any]] = {}
         for p in self.tables["probes"]:
@@ -225,7 +249,9 @@ class HarnessDatasets:
     several lineages); from the `data.path` shorthand (`round_robin`) one dataset serves every harness
     and each sequence is bound to one harness. A directory named by several harnesses is read once."""
 
-    def __init__(self, per_harness: dict[str, str | Path], *, round_robin: bool = False):
+    def __init__(
+        self, per_harness: dict[str, str | Path], *, round_robin: bool = False, keep_leaked: bool = False
+    ):
         if not per_harness:
             raise ValueError("HarnessDatasets: no harness has a dataset")
         by_dir: dict[str, BuiltDataset] = {}
@@ -233,18 +259,20 @@ class HarnessDatasets:
         for name, root in per_harness.items():
             key = str(Path(root).resolve())
             if key not in by_dir:
-                by_dir[key] = BuiltDataset(root)
+                by_dir[key] = BuiltDataset(root, keep_leaked=keep_leaked)
             self.by_harness[name] = by_dir[key]
         if round_robin and len(by_dir) != 1:
             raise ValueError("HarnessDatasets: round_robin binds sequences of one dataset, got several")
         self.round_robin = round_robin
 
     @classmethod
-    def from_config(cls, path: str, per_harness: dict[str, str], harnesses: list[str]) -> HarnessDatasets:
+    def from_config(
+        cls, path: str, per_harness: dict[str, str], harnesses: list[str], *, keep_leaked: bool = False
+    ) -> HarnessDatasets:
         """`data.per_harness`, or the `data.path` shorthand (one directory, sequences round-robin)."""
         if per_harness:
-            return cls(dict(per_harness))
-        return cls({h: path for h in harnesses}, round_robin=True)
+            return cls(dict(per_harness), keep_leaked=keep_leaked)
+        return cls({h: path for h in harnesses}, round_robin=True, keep_leaked=keep_leaked)
 
     def of(self, harness: str) -> BuiltDataset:
         if harness not in self.by_harness:

@@ -393,9 +393,11 @@ def generate(cfg: SyntheticConfig) -> SyntheticData:
         kinds = sequence_kinds(cfg)
     for n, kind in enumerate(kinds):
         if kind == "ledger":
-            one = generate_ledger_sequence(cfg, n)
+            one = SyntheticData(**generate_ledger_sequence(cfg, n))
         else:
-            one = generate_sequence(cfg, n) if kind == "chat" else generate_agent_sequence(cfg, n, SCENES[kind])
+            one = (
+                generate_sequence(cfg, n) if kind == "chat" else generate_agent_sequence(cfg, n, SCENES[kind])
+            )
         for name, rows in one.tables().items():
             out.tables()[name].extend(rows)
     return out

@@ -291,6 +291,16 @@ class NativeHarness(Harness):
             )
         return self._apply_reply(db, reply, session_id, date, chunk_index)
 
+    def apply_ops(
+        self, reply: str, session_id: str, date: str, chunk_index: int | None = None
+    ) -> WriteResult:
+        """A write without the LLM call: `reply` (JSON ops, as a writer would answer) goes down the
+        same parse-and-apply path as `write_chunk`'s reply. Fills a bank with given records (the reader
+        self-checks, reward.reader_checks); opened without an endpoint is fine. No LLM call is made,
+        so the result counts none."""
+        res = self._apply_reply(self._need_db(), reply, session_id, date, chunk_index)
+        return dataclasses.replace(res, num_llm_calls=0)
+
     def _apply_reply(
         self, db: sqlite3.Connection, reply: str, session_id: str, date: str, chunk_index: int | None
     ) -> WriteResult:

@@ -8,7 +8,8 @@
 Every writer builds its banks from empty in every harness; only the write path reaches the writer. The
 harnesses' search-time calls, the reader and the judge go to fixed endpoints (a run where the writer
 serves any of them is refused). Output: <run>/eval/{table.md, table.csv, table.png, items.jsonl,
-summary.json, endpoints.json, build_times.jsonl}; a killed run resumes from <run>/eval/cache.
+summary.json, endpoints.json, build_times.jsonl} and, on ledger data in the native harness,
+bank_metrics.{json,md} (evaluation/bank_report.py); a killed run resumes from <run>/eval/cache.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from omegaconf import DictConfig
 
 from harnesses.base import Endpoint, write_json_atomic
 from hymem_train.config import CONFIG_DIR, to_typed, to_yaml
+from hymem_train.evaluation.bank_report import write_bank_metrics
 from hymem_train.evaluation.config import WriterConfig
 from hymem_train.evaluation.matrix import Endpoints, MatrixRun, held_out, plan_matrix
 from hymem_train.evaluation.report import build_table, write_outputs
@@ -57,7 +59,11 @@ def writer_tokenizer(cfg: EvaluateConfig, model_cfg):
 @contextlib.contextmanager
 def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
     """(endpoint, served-call counter) for one writer; a checkpoint is served by the engine in frozen
-    mode behind a gateway of this process for as long as its cell runs."""
+    mode behind a gateway of this process for as long as its cell runs; so is the gold writer's scripted
+    engine (evaluation/bound.py); the empty writer has no endpoint (nothing is written)."""
+    if w.kind == "empty":
+        yield None, None
+        return
     if w.base_url:
         yield Endpoint(w.base_url, w.api_key, w.model, timeout_s=600.0), None
         return
@@ -65,14 +71,19 @@ def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway
 
-    model_cfg = writer_model_cfg(cfg, w)
-    tok = writer_tokenizer(cfg, model_cfg)
-    engine = build_engine(dataclasses.replace(cfg.engine, capture_routes=False), model_cfg, tok)
+    if w.kind == "gold":
+        from hymem_train.evaluation.bound import gold_engine
+
+        engine, tok = gold_engine(cfg.engine.max_model_len)
+    else:
+        model_cfg = writer_model_cfg(cfg, w)
+        tok = writer_tokenizer(cfg, model_cfg)
+        engine = build_engine(dataclasses.replace(cfg.engine, capture_routes=False), model_cfg, tok)
     gcfg = dataclasses.replace(cfg.gateway, frozen=True, embeddings=False, served_model_name=WRITER_MODEL)
     gateway = Gateway(engine, tok, gcfg)
     c = gateway.counters
     with GatewayServer(gateway) as server:
-        log.info("writer %s (%s) served on %s", w.name, w.checkpoint, server.base_url)
+        log.info("writer %s (%s) served on %s", w.name, w.checkpoint or w.kind, server.base_url)
         yield (
             Endpoint(server.base_url, "EMPTY", WRITER_MODEL, timeout_s=600.0),
             lambda: c["requests_ok"] + c["bad_request"] + c["engine_error"],
@@ -81,11 +92,13 @@ def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
 
 @contextlib.contextmanager
 def fixed_services(cfg: EvaluateConfig):
-    """The embedder (local MiniLM), and the reader / judge from local HF engines when asked (CPU boxes)."""
-    from hymem_train.gateway.local_reader import start_frozen_server
+    """The embedder (local MiniLM), and the reader / judge from local HF engines when asked (CPU boxes);
+    the reader is the extractive reader (no model) under reader_kind=extractive."""
+    from hymem_train.gateway.local_reader import start_frozen_server, start_instrument_server
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway
     from hymem_train.models.loading import load_tokenizer_for
+    from hymem_train.models.tokenizer import default_tokenizer
 
     with contextlib.ExitStack() as stack:
         emb = Gateway(None, None, dataclasses.replace(cfg.gateway, frozen=True, embeddings=True))
@@ -95,8 +108,12 @@ def fixed_services(cfg: EvaluateConfig):
                                    ("judge", cfg.local_judge, cfg.judge_model)):  # fmt: skip
             if local:
                 client = getattr(proto, role)
-                srv = start_frozen_server(model, load_tokenizer_for(model), served_model_name=client.model,
-                                          max_model_len=cfg.engine.max_model_len)  # fmt: skip
+                if role == "reader" and cfg.reader_kind == "extractive":  # reader_model unused
+                    srv = start_instrument_server(default_tokenizer(), served_model_name=client.model,
+                                                  max_model_len=cfg.engine.max_model_len)  # fmt: skip
+                else:
+                    srv = start_frozen_server(model, load_tokenizer_for(model), served_model_name=client.model,
+                                              max_model_len=cfg.engine.max_model_len)  # fmt: skip
                 stack.callback(srv.stop)
                 setattr(proto, role, dataclasses.replace(client, base_url=srv.base_url))
         # an identity of its own that never declares a chunk (as the training stages' bank readers)
@@ -110,8 +127,10 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
     out = run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    plan_matrix(cfg)  # bad data, benchmarks or subsample: refused before any model loads
+    planned = plan_matrix(cfg)  # bad data, benchmarks or subsample: refused before any model loads
     with fixed_services(cfg) as embedder:
+        if cfg.reader_preflight:
+            reader_preflight(cfg, run_dir, {pl.harness: pl.dataset for pl in planned})
         search = None
         if cfg.protocol.search_llm == "reader":
             r = cfg.protocol.reader
@@ -138,7 +157,21 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
     header = table_header(cfg, plans)
     table.notes += [f"bank builds, {h}: {v}" for h, v in times.items()]
     md = write_outputs(out, table, records, header, {"stats": dict(matrix.stats), "build_seconds": times})
-    return {"table_md": md, "out": str(out), "stats": dict(matrix.stats), "records": records, "table": table}
+    bank_md = write_bank_metrics(matrix, plans)  # ledger data in the native harness only
+    return {"table_md": md, "out": str(out), "stats": dict(matrix.stats), "records": records, "table": table,
+            "bank_metrics_md": str(bank_md) if bank_md else None}  # fmt: skip
+
+
+def reader_preflight(cfg: EvaluateConfig, run_dir: Path, datasets: dict[str, Any]) -> None:
+    """On ledger-world data: does the fixed reader read the bank? The four figures go to
+    <run_dir>/reader_preflight.json and the log; a failed check stops the run before any writer
+    (reward.reader_checks)."""
+    from reward.judge import Reader
+    from reward.llm import ChatClient
+    from reward.reader_checks import preflight_to
+
+    preflight_to(run_dir / "reader_preflight.json", datasets, Reader(ChatClient(cfg.protocol.reader)),
+                 search_k=cfg.protocol.search_k, echo=lambda s: print(s, flush=True))  # fmt: skip
 
 
 def table_header(cfg: EvaluateConfig, plans) -> list[str]:
@@ -147,8 +180,7 @@ def table_header(cfg: EvaluateConfig, plans) -> list[str]:
         f"- command: `{' '.join(sys.argv)}`" if sys.argv and sys.argv[0] else "- command: (library call)"
     ]
     for w in cfg.writers:
-        lines.append(f"- writer **{w.name}**: " + (f"checkpoint `{w.checkpoint}`" if w.checkpoint else
-                                                   f"endpoint {w.base_url} model `{w.model}`"))  # fmt: skip
+        lines.append(f"- writer **{w.name}**: " + writer_label(w))
     judged = p.judge_mode == "protocol" and bool(p.judge.base_url)
     lines.append(f"- reader: model `{p.reader.model}` at {p.reader.base_url}; judge mode `{p.judge_mode}`"
                  + (f", judge model `{p.judge.model}` at {p.judge.base_url}" if judged else "")
@@ -162,11 +194,19 @@ def table_header(cfg: EvaluateConfig, plans) -> list[str]:
     return lines
 
 
+def writer_label(w: WriterConfig) -> str:
+    if w.kind == "empty":
+        return "store nothing (bound: each bank is created and nothing is written)"
+    if w.kind == "gold":
+        return "gold bank (bound: the ledger world's gold ops through the native harness's write path)"
+    return f"checkpoint `{w.checkpoint}`" if w.checkpoint else f"endpoint {w.base_url} model `{w.model}`"
+
+
 def record_endpoints(out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: MatrixRun, served: dict) -> None:
     """Which endpoint served which call kind (the run refuses a writer that served anything else)."""
     rec = {
         "write": {
-            w: {"base_url": e.base_url, "model": e.model, "served_requests": served.get(w)}
+            w: {"base_url": e.base_url, "model": e.model, "served_requests": served.get(w)} if e else None
             for w, e in ep.writers.items()
         },  # fmt: skip
         "write_calls_made": matrix.stats.get("write_calls", 0),

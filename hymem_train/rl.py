@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from hymem_train.callbacks.plots import CurvePlot
 from hymem_train.config import CONFIG_DIR, to_typed
-from hymem_train.gateway.local_reader import start_frozen_pool, start_frozen_server
+from hymem_train.gateway.local_reader import start_frozen_pool, start_frozen_server, start_instrument_server
 from hymem_train.heldout import rl_chunk_reward
 from hymem_train.rollout.collector import WindowRollouts, sum_rollout_metrics
 from hymem_train.run_config import RlConfig
@@ -219,6 +219,9 @@ def start_frozen_models(stage: Stage, cfg: RlConfig) -> list[Any]:
                     cluster=cfg.cluster, host=cfg.gateway.host, export_dir=stage.run_dir / f"{role}_hf",
                 )  # fmt: skip
                 write_placement(stage, stage.run_dir, **{role: srv.infos, f"{role}_gateway": srv.base_url})
+            elif local and role == "reader" and cfg.reader_kind == "extractive":  # reader_model unused
+                srv = start_instrument_server(stage.tokenizer, served_model_name=client.model,
+                                              max_model_len=cfg.engine.max_model_len, host=cfg.gateway.host)  # fmt: skip
             elif local:  # CPU boxes: the frozen reader in this process
                 srv = start_frozen_server(model, stage.tokenizer, served_model_name=client.model,
                                           max_model_len=cfg.engine.max_model_len, host=cfg.gateway.host)  # fmt: skip
@@ -233,6 +236,19 @@ def start_frozen_models(stage: Stage, cfg: RlConfig) -> list[Any]:
     return started
 
 
+def reader_preflight(stage: Stage, cfg: RlConfig) -> None:
+    """On ledger-world training data: does the reader the rewards use read the bank? The four figures
+    go to <run_dir>/reader_preflight.json and the log; a failed check stops the stage before step 0
+    (reward.reader_checks)."""
+    from reward.judge import Reader
+    from reward.llm import ChatClient
+    from reward.reader_checks import preflight_to
+
+    datasets = {h: stage.dataset.of(h) for h in cfg.harnesses}
+    preflight_to(stage.run_dir / "reader_preflight.json", datasets, Reader(ChatClient(cfg.reward.reader)),
+                 search_k=cfg.reward.search_k, echo=lambda s: print(s, flush=True))  # fmt: skip
+
+
 def run(cfg: RlConfig) -> dict[str, float]:
     stage = build_stage(cfg, growth_bounds=cfg.reward.scoring.growth_bounds)
     reward = None
@@ -241,6 +257,8 @@ def run(cfg: RlConfig) -> dict[str, float]:
     try:
         if stage.is_driver:
             frozen = start_frozen_models(stage, cfg)
+            if cfg.reader_preflight:
+                reader_preflight(stage, cfg)
             reward = HarnessRewards(cfg.reward, stage.bank_readers, stage.dataset.manifests)
             stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "rl_curves.png"))
         last = train(stage, reward, cfg)

@@ -36,6 +36,8 @@ class DataRef:
     # same windows, each with its own chunking profile; Working and Coding have their own data)
     per_harness: dict[str, str] = field(default_factory=dict)
     eval_path: str = ""  # held-out built dataset for evaluation ("" = none)
+    # keep the probes and ORM questions reward.leakage found answerable from an empty bank (default: dropped)
+    keep_leaked: bool = False
 
     def validate(self, declared: list[str]) -> None:
         if bool(self.path) == bool(self.per_harness):
@@ -183,10 +185,14 @@ class RlConfig(StageConfig):
     # .judge replicas > 0); a training run's checkpoint is exported for a vLLM pool (<run>/<role>_hf)
     reader_model: ModelConfig = field(default_factory=ModelConfig)
     judge_model: ModelConfig = field(default_factory=ModelConfig)
+    reader_kind: str = "model"  # the local reader: "model" (reader_model) or "extractive" (reward.instrument)
+    # ledger-world data: check the reader reads the bank before step 0 (reward.reader_checks)
+    reader_preflight: bool = True
 
     def validate(self) -> None:
         super().validate()
         self.reward.validate()
+        check_reader_kind(self.reader_kind, self.local_reader, self.cluster.placement.reader.replicas)
 
         if self.trainer.loss.kind != "ppo":
             raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the RL stage needs 'ppo'")
@@ -216,6 +222,20 @@ class RlConfig(StageConfig):
             raise ValueError(f"reward.scoring.growth_bounds has no bounds for declared harness(es) {missing}")
 
 
+READER_KINDS = ("model", "extractive")
+
+
+def check_reader_kind(kind: str, local_reader: bool, replicas: int = 0) -> None:
+    """`reader_kind`: the extractive reader has no checkpoint, so only this process can serve it."""
+    if kind not in READER_KINDS:
+        raise ValueError(f"reader_kind={kind!r}: want one of {READER_KINDS}")
+    if kind == "extractive" and (not local_reader or replicas):
+        raise ValueError(
+            "reader_kind=extractive is served in this process (no model to place): set local_reader=true"
+            + (f" and cluster.placement.reader.replicas=0 (got {replicas})" if replicas else "")
+        )
+
+
 @dataclass
 class EvaluateConfig(MatrixConfig):
     """`python -m hymem_train.evaluate`: the writer-only swap matrix (hymem_train/evaluation/config.py holds
@@ -229,6 +249,9 @@ class EvaluateConfig(MatrixConfig):
     # CPU boxes: serve the fixed reader / judge from local HF engines (their base_url is then set)
     local_reader: bool = False
     reader_model: ModelConfig = field(default_factory=ModelConfig)
+    reader_kind: str = "model"  # the local reader: "model" (reader_model) or "extractive" (reward.instrument)
+    # ledger-world data: check the reader reads the bank before the matrix runs (reward.reader_checks)
+    reader_preflight: bool = True
     local_judge: bool = False
     judge_model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -238,6 +261,7 @@ class EvaluateConfig(MatrixConfig):
     def validate(self) -> None:
         super().validate()
         self.model.validate(), self.engine.validate(), self.gateway.validate()
+        check_reader_kind(self.reader_kind, self.local_reader)
         if not self.local_reader and not self.protocol.reader.base_url:
             raise ValueError("protocol.reader.base_url: set the fixed reader endpoint (or local_reader=true)")
         # the judge endpoint is checked once the data says a benchmark needs one (synthetic data does not)

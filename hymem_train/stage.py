@@ -138,10 +138,12 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None
     start_step, client_state = checkpoints.resume()
     if start_step:
         log.info("resumed from %s at step %d", checkpoints.dir, start_step)
-    datasets = HarnessDatasets.from_config(cfg.data.path, cfg.data.per_harness, list(cfg.harnesses))
+    datasets = HarnessDatasets.from_config(
+        cfg.data.path, cfg.data.per_harness, list(cfg.harnesses), keep_leaked=cfg.data.keep_leaked
+    )
     stage = Stage(
         cfg, run_dir, tokenizer, trainer, checkpoints, start_step, datasets,
-        BuiltDataset(cfg.data.eval_path) if cfg.data.eval_path else None, StepTimer(), StepDumps(run_dir),
+        BuiltDataset(cfg.data.eval_path, keep_leaked=cfg.data.keep_leaked) if cfg.data.eval_path else None, StepTimer(), StepDumps(run_dir),
     )  # fmt: skip
     stage.preemption = Preemption(run_dir, trainer, is_driver=stage.is_driver)
     if stage.is_driver:

@@ -7,7 +7,8 @@
   judge model, never in string rules in this code (silent failure 5).
 - Gold facts go only to the outcome (ORM) judge, which also says which of them were recovered.
 - `ExactMatchScorer` exists only for synthetic data whose answers are atomic by construction; it
-  refuses any dataset whose manifest does not declare `answers_atomic`.
+  refuses any dataset whose manifest does not declare `answers_atomic`. It scores an ORM question
+  per gold fact (the answer's ";" parts aligned with the gold facts' answers).
 
 Replies are parsed strictly; a reply that breaks the contract is retried by `ChatClient` and then
 becomes a `Fault` (excluded, counted), never a score.
@@ -21,7 +22,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from reward.llm import ChatClient, ChatRequest, Fault, ParseError
@@ -61,6 +62,8 @@ class QuestionItem:
     gold_facts: list[str]  # judge-only, in the question's order
     rubric: str  # the item's rubric
     answer: str  # the reader's answer
+    # judge-only: each gold fact's atomic answer span (GoldFact.answer), in order; [] = the reference's parts
+    gold_answers: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -213,8 +216,13 @@ class ExactMatchScorer:
 
     Refuses a dataset whose manifest does not declare `answers_atomic`: on natural data a paraphrase
     would score 0 and that would be a string rule deciding a semantic question (silent failure 5).
-    For an ORM question, a match recovers every gold fact and a mismatch none (atomic answers carry
-    one fact each by construction).
+
+    An ORM question is scored per gold fact (`recovered_gold_facts`): where the reference is its gold
+    facts' atomic answers "; "-joined in order ("Lisbon; Oslo; Lisbon", "penicillin; blue"), the
+    answer's ";" parts are aligned with the gold answers in order and each gold fact the alignment
+    matches is recovered, so partial knowledge shows ("Oslo; Lisbon" recovers the last two states);
+    score = share recovered. Any other reference (one answer standing for several facts) is all or
+    nothing: a match recovers every gold fact, a mismatch none.
     """
 
     def __init__(self, manifest: Any, *, where: str = "dataset"):
@@ -234,6 +242,46 @@ class ExactMatchScorer:
         self.stats["calls"] += len(items)
         out: list[OrmVerdict | Fault] = []
         for it in items:
+            rec = recovered_gold_facts(it.answer, it.reference, len(it.gold_facts), it.gold_answers)
             hit = normalise_atomic(it.answer) == normalise_atomic(it.reference)
-            out.append(OrmVerdict(score=float(hit), recovered_F=[hit] * len(it.gold_facts)))
+            out.append(OrmVerdict(score=sum(rec) / len(rec) if rec else float(hit), recovered_F=rec))
         return out
+
+
+def answer_parts(text: str) -> list[str]:
+    """An answer's ";"-separated parts, each normalised (empty parts dropped)."""
+    return [p for p in (normalise_atomic(x) for x in text.split(";")) if p]
+
+
+def recovered_gold_facts(
+    answer: str, reference: str, num_facts: int, gold_answers: Sequence[str] = ()
+) -> list[bool]:
+    """Per gold fact: did the answer state it (ExactMatchScorer's ORM rule).
+
+    The gold answers are `gold_answers` when given (one per fact), else the reference's ";" parts. When
+    they are the reference's parts, one per fact, the answer's parts are aligned with them by a longest
+    common subsequence; among the longest alignments the one matching the latest facts wins (answer
+    "Lisbon" to "Lisbon; Oslo; Lisbon" is the current state: fact 3). Otherwise the whole answer must
+    equal the whole reference, and then recovers every fact."""
+    ref = answer_parts(reference)
+    gold = [normalise_atomic(g) for g in gold_answers] if gold_answers else ref
+    if num_facts == 0 or len(gold) != num_facts or gold != ref:
+        return [normalise_atomic(answer) == normalise_atomic(reference)] * num_facts
+    ans = answer_parts(answer)
+    m, n = len(ans), len(gold)
+    lcs = [[0] * (n + 1) for _ in range(m + 1)]  # lcs[i][j]: of ans[:i] and gold[:j]
+    for i in range(1, m + 1):
+        for j in range(1, n + 1):
+            same = ans[i - 1] == gold[j - 1]
+            lcs[i][j] = lcs[i - 1][j - 1] + 1 if same else max(lcs[i - 1][j], lcs[i][j - 1])
+    rec = [False] * n
+    i, j = m, n
+    while i and j:  # walk back from the ends: each answer part takes the latest fact it can
+        if ans[i - 1] == gold[j - 1]:
+            rec[j - 1] = True
+            i, j = i - 1, j - 1
+        elif lcs[i - 1][j] >= lcs[i][j - 1]:  # drop the answer part, keep the later fact in play
+            i -= 1
+        else:
+            j -= 1
+    return rec

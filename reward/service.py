@@ -203,6 +203,8 @@ def judge_rollout(
             [g.fact for g in group.questions[j].gold_facts],
             group.questions[j].rubric,
             q_ans[j],  # type: ignore[arg-type]
+            # each fact's atomic answer; "" where unknown, and exact match is then all or nothing
+            [g.answer for g in group.questions[j].gold_facts],
         )
         for j in q_todo
     ]

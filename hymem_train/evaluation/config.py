@@ -10,15 +10,21 @@ from harnesses.registry import HarnessConfig
 from reward.config import LlmClientConfig
 
 JUDGE_MODES = ("protocol", "token_f1")
+# "model": a checkpoint or an endpoint; the bound rows: "empty" (store nothing) and "gold" (the gold bank)
+WRITER_KINDS = ("model", "empty", "gold")
 _NAME = re.compile(r"[A-Za-z0-9][\w.+-]*")
 
 
 @dataclass
 class WriterConfig:
     """One writer (a row of the table): a local checkpoint served in frozen mode behind a gateway of this
-    run, or any OpenAI-compatible endpoint. Only the harnesses' write-path calls go to it."""
+    run, or any OpenAI-compatible endpoint. Only the harnesses' write-path calls go to it. Two bound rows
+    need neither: `kind: empty` (store nothing: the bank is created and nothing is written) and `kind: gold`
+    (the gold bank: data_pipeline/ledger_oracle.py's gold ops, served like a checkpoint, written through
+    the native harness's own write path; ledger data only)."""
 
     name: str = "???"  # display name (table row, cache directory)
+    kind: str = "model"  # one of WRITER_KINDS
     # an HF directory (<run>/final, an export) or a DeepSpeed step checkpoint (<run>/checkpoints/step_N)
     checkpoint: str = ""
     preset: str = ""  # architecture of a step checkpoint whose run has no config.yaml ("" = the model config)
@@ -31,7 +37,14 @@ class WriterConfig:
     def validate(self) -> None:
         if not _NAME.fullmatch(self.name or ""):
             raise ValueError(f"writers: name {self.name!r} must be a plain name (letters, digits, . _ + -)")
-        if bool(self.checkpoint) == bool(self.base_url):
+        if self.kind not in WRITER_KINDS:
+            raise ValueError(f"writer {self.name}: kind={self.kind!r}, want one of {WRITER_KINDS}")
+        if self.kind != "model":
+            if self.checkpoint or self.base_url:
+                raise ValueError(
+                    f"writer {self.name}: kind={self.kind} takes neither checkpoint= nor base_url="
+                )
+        elif bool(self.checkpoint) == bool(self.base_url):
             raise ValueError(f"writer {self.name}: set exactly one of checkpoint= and base_url=")
 
 
@@ -118,6 +131,7 @@ class MatrixConfig:
         for h in self.harnesses.values():
             h.validate()
         self.data.validate(list(self.harnesses))
+        check_gold_harnesses(self.writers, self.harnesses)
         self.protocol.validate()
         if self.subsample not in ("fixed", "all"):
             raise ValueError(f"subsample={self.subsample!r}: want 'fixed' or 'all'")
@@ -129,6 +143,18 @@ class MatrixConfig:
                 "max_items_per_benchmark, build_retries, bootstrap_resamples must be >= 0, parallel_builds >= 1"
             )
         check_no_leak(self.writers, self.protocol)
+
+
+def check_gold_harnesses(writers: list[WriterConfig], harnesses: dict[str, HarnessConfig]) -> None:
+    """The gold writer answers the native harness's write prompt only (its ledger data is checked with the
+    plan, once the data is read: matrix.check_bound_writers)."""
+    gold = [w.name for w in writers if w.kind == "gold"]
+    other = {h: c.framework for h, c in harnesses.items() if c.framework != "native"}
+    if gold and other:
+        raise ValueError(
+            f"writer(s) {gold}: kind=gold writes the ledger world's gold ops through the native harness's write "
+            f"prompt, but harness(es) {other} are not native; drop them or the gold writer"
+        )
 
 
 def check_no_leak(writers: list[WriterConfig], protocol: EvalProtocol) -> None:

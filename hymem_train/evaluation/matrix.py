@@ -10,7 +10,8 @@ Failures (silent failure 7): a bank build that still hits a platform failure aft
 retries and `build_retries` re-attempts, a failed search, or a reader / judge call that failed after
 its retries is recorded as a failure of that item: excluded from the mean and counted in the table.
 
-Layout: <out>/plan.json, <out>/cache/<writer>/<harness>/<sequence>/{bank,ckpt,build.json,items.jsonl}.
+Layout: <out>/plan.json, <out>/cache/<writer>/<harness>/<sequence>/{bank,ckpt,build.json,items.jsonl};
+build.json holds the build's op mix (`ops`, reward.bank_metrics.op_counts) beside its status.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from harnesses.base import Endpoint, PlatformError, WriteStatus, write_json_atom
 from harnesses.registry import HarnessConfig, get_spec, make_harness
 from hymem_train.evaluation.config import MatrixConfig, WriterConfig
 from hymem_train.rollout.worker import chunk_messages, kill_sandboxes_until
+from reward.bank_metrics import op_counts
 from reward.eval_protocol import Metric, Verdict, metric_for, token_f1_metric
 from reward.judge import parse_answer
 from reward.llm import ChatClient, ChatRequest, Fault
@@ -60,6 +62,15 @@ class StaticWriter:
 
     def end(self, unit: Unit) -> None:
         pass
+
+
+class EmptyWriter(StaticWriter):
+    """The bound "store nothing" row (`kind: empty`): each bank is created and nothing is written."""
+
+    stores_nothing = True
+
+    def __init__(self):
+        super().__init__(None)
 
 
 class WriterLeakError(RuntimeError):
@@ -139,7 +150,28 @@ def plan_matrix(cfg: MatrixConfig) -> list[HarnessPlan]:
             for it in chosen:
                 per_seq.setdefault(it.sequence_id, []).append(PlannedItem(it, metric))
         plans.append(HarnessPlan(h, ds, per_seq, wanted))
+    check_bound_writers(cfg, plans)
     return plans
+
+
+LEDGER_SOURCE = "synthetic_ledger"  # Sequence.source of the ledger world (data_pipeline/ledger.py)
+
+
+def ledger_sequences(p: HarnessPlan) -> bool:
+    """Whether every planned sequence of the plan is a ledger-world sequence."""
+    source = {s.sequence_id: s.source for s in p.dataset.tables["sequences"]}
+    return bool(p.items) and all(source.get(q) == LEDGER_SOURCE for q in p.items)
+
+
+def check_bound_writers(cfg: MatrixConfig, plans: list[HarnessPlan]) -> None:
+    """The gold writer knows the gold ops of ledger-world chunks only."""
+    gold = [w.name for w in cfg.writers if w.kind == "gold"]
+    other = [str(p.dataset.root) for p in plans if not ledger_sequences(p)]
+    if gold and other:
+        raise ValueError(
+            f"writer(s) {gold}: kind=gold needs ledger data (sequences with source {LEDGER_SOURCE!r}, "
+            f"data.synthetic.world=ledger); {other} holds other sequences"
+        )
 
 
 def plan_record(plans: list[HarnessPlan], cfg: MatrixConfig) -> dict[str, Any]:
@@ -196,6 +228,8 @@ def build_bank(
     if done.exists():
         return json.loads(done.read_text())
     unit.dir.mkdir(parents=True, exist_ok=True)
+    if getattr(writer, "stores_nothing", False):
+        return build_empty_bank(unit, hcfg, embedder)
     bank, ckpt = unit.dir / "bank", unit.dir / "ckpt"
     t0 = time.perf_counter()
     error = ""
@@ -229,7 +263,7 @@ def build_bank(
             out = {
                 "status": "ok", "chunks": len(writes), "seconds": time.perf_counter() - t0,
                 "llm_calls": sum(w["num_llm_calls"] for w in writes), "write_statuses": dict(statuses),
-                "attempts": attempt + 1,
+                "attempts": attempt + 1, "ops": op_counts(writes),
             }  # fmt: skip
             write_json_atomic(done, out)
             shutil.rmtree(ckpt, ignore_errors=True)
@@ -247,6 +281,25 @@ def build_bank(
             writer.end(unit)
     out = {"status": "failed", "error": error, "seconds": time.perf_counter() - t0, "attempts": retries + 1}
     write_json_atomic(done, out)
+    return out
+
+
+def build_empty_bank(unit: Unit, hcfg: HarnessConfig, embedder: Endpoint | None) -> dict[str, Any]:
+    """The "store nothing" bound: the harness creates the bank and no chunk is written to it."""
+    t0 = time.perf_counter()
+    bank = unit.dir / "bank"
+    shutil.rmtree(bank, ignore_errors=True)
+    h = make_harness(hcfg, None, embedder, sandbox_root=unit.dir, sandbox_id=f"build-{uuid.uuid4().hex[:8]}")
+    try:
+        h.open(bank, create=True)
+        h.close()
+    finally:
+        shutdown = getattr(h, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+    out = {"status": "ok", "chunks": 0, "seconds": time.perf_counter() - t0, "llm_calls": 0, "write_statuses": {},
+           "attempts": 1, "ops": op_counts([])}  # fmt: skip
+    write_json_atomic(unit.dir / "build.json", out)
     return out
 
 
@@ -455,7 +508,7 @@ class MatrixRun:
         chunks_of = {}
         for c in p.dataset.tables["chunks"]:
             chunks_of.setdefault(c.sequence_id, []).append(c)
-        llm = self.endpoints.writers[w.name]
+        llm = EmptyWriter() if w.kind == "empty" else self.endpoints.writers[w.name]
         if isinstance(llm, Endpoint):
             llm = StaticWriter(llm)
         kills = set(self.cfg.faults.kill_sandbox)

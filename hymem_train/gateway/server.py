@@ -344,7 +344,14 @@ class Gateway:
     async def _frozen_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """A frozen model serves evaluation calls (reader, judge): nothing to identify or record."""
         prompt_ids, sp, _ = self._prompt(body, "frozen", -1)
-        out = await self.batcher.generate(prompt_ids, sp)
+        try:
+            out = await self.batcher.generate(prompt_ids, sp)
+        except PromptTooLongError as e:
+            raise ApiError(400, str(e), "context_length_exceeded") from None
+        except Exception as e:  # the engine's reason reaches the client (it names a prompt it refuses)
+            self.counters["engine_error"] += 1
+            log.exception("engine failure")
+            return _error(500, f"engine error: {type(e).__name__}: {e}", "engine_error", "server_error")
         self.counters["requests_ok"] += 1
         return self._completion(f"chatcmpl-frozen-{self.counters['requests_ok']}", prompt_ids, out)
 

@@ -32,16 +32,21 @@ def _by_seq(rows):
 
 
 def test_record_grammar_round_trips():
-    text = ledger.record_text(
-        "Alice", "city", [("Lisbon", ""), ("Oslo", "2023-01-16"), ("Lisbon", "2023-01-30")]
-    )
-    assert text == "Alice's city: Lisbon, then Oslo (2023-01-16), then Lisbon (2023-01-30)"
+    text = ledger.record_text("city", [("Lisbon", ""), ("Oslo", "2023-01-16"), ("Lisbon", "2023-01-30")])
+    assert text == "city: Lisbon, then Oslo (2023-01-16), then Lisbon (2023-01-30)"
     rec = ledger.parse_record(text)
-    assert rec.key == "Alice's city" and rec.current == "Lisbon"
+    assert rec.key == "city" and rec.current == "Lisbon"
     assert rec.states == (("Lisbon", ""), ("Oslo", "2023-01-16"), ("Lisbon", "2023-01-30"))
-    assert ledger.parse_record("Alice's city: Lisbon.").current == "Lisbon"
+    assert ledger.parse_record("City: Lisbon.").current == "Lisbon"
     # prose and malformed histories are not records
-    for bad in ("Alice likes popcorn", "Alice's city: Lisbon, then Oslo", "Alice's city: New York", ""):
+    bad_records = (
+        "Alice likes popcorn",
+        "city: Lisbon, then Oslo",
+        "city: New York",
+        "Alice's city: Lisbon",
+        "",
+    )
+    for bad in bad_records:
         assert ledger.parse_record(bad) is None, bad
 
 
@@ -75,7 +80,7 @@ def test_gold_bank_keeps_every_state_with_its_date(data):
         for c in chunks:
             for s in ledger.statements(c):
                 if s.kind == "update":
-                    rec = next(r for k, r in recs.items() if k.endswith(f"'s {s.attr}"))
+                    rec = recs[s.attr]
                     assert (s.value, c.date) in rec.states
 
 
@@ -86,7 +91,7 @@ def test_probes_refer_to_what_the_gold_bank_holds(data):
             r.key: r
             for r in map(ledger.parse_record, ledger.gold_records(chunks[p.sequence_id], p.chunk_index))
         }
-        key = p.question.removeprefix("What is ").removesuffix("?")
+        key = p.question.removeprefix("What is ").removesuffix("?").split("'s ")[-1]
         if p.is_trap:
             assert p.reference == NO_SUCH_RECORD and key not in bank
         else:

@@ -182,6 +182,26 @@ def test_bank_reopened_from_disk_holds_known_record(tmp_path, server, llm):
     h2.close()
 
 
+def test_apply_ops_writes_without_an_llm_through_the_same_path(tmp_path):
+    """apply_ops: a reply applied as write_chunk applies one (the reader self-checks fill banks so)."""
+    h = NativeHarness(None)
+    h.open(tmp_path / "bank", create=True)
+    res = h.apply_ops(ADD_TWO, "s1", "2023-03-05", chunk_index=2)
+    assert res.status is WriteStatus.OK and res.num_added == 2 and res.num_llm_calls == 0
+    first = h.read_all()[0]
+    assert first.metadata == {"session_id": "s1", "date": "2023-03-05"}
+    upd = json.dumps({"ops": [{"op": "UPDATE", "id": int(first.id), "text": "User moved to Oslo"}]})
+    assert h.apply_ops(upd, "s2", "2023-03-12").num_updated == 1
+    assert [e.text for e in h.search("where did the user move", 1)] == ["User moved to Oslo"]
+    # the write path's honesty holds here too: garbage and an empty op list are policy errors
+    assert h.apply_ops("not json", "s3", "2023-03-19").status is WriteStatus.POLICY_ERROR
+    assert h.apply_ops('{"ops": []}', "s3", "2023-03-19").status is WriteStatus.POLICY_ERROR
+    assert h.count() == 2
+    h.close()
+    with pytest.raises(BankStateError):
+        h.apply_ops(ADD_TWO, "s1", "2023-03-05")
+
+
 def test_read_all_has_no_cap_and_checks_count(tmp_path):
     """Silent failure 6: 12,000 rows (above a 10,000-style cap) all come back; a short listing raises."""
     h = NativeHarness(None)

@@ -216,3 +216,50 @@ def test_exact_match_on_atomic_dataset():
     assert s.score_probes(items) == [1.0, 0.0, 1.0]
     q = QuestionItem("q", "q", "blue", ["x is blue"], "", " Blue ")
     assert s.score_questions([q]) == [OrmVerdict(1.0, [True])]
+
+
+HISTORY = ["Alice's city: Lisbon", "Alice's city: Oslo", "Alice's city: Lisbon again"]
+
+
+def _orm(answer, reference="Lisbon; Oslo; Lisbon", facts=HISTORY, gold_answers=("Lisbon", "Oslo", "Lisbon")):
+    s = ExactMatchScorer(Manifest(name="synth", sources=["synthetic"], answers_atomic=True))
+    return s.score_questions(
+        [QuestionItem("q", "q", reference, list(facts), "", answer, list(gold_answers))]
+    )[0]
+
+
+def test_exact_match_orm_credits_each_gold_fact_golden_values():
+    # worked by hand: gold states (Lisbon, Oslo, Lisbon); the answer's ";" parts aligned in order
+    assert _orm("Lisbon; Oslo; Lisbon") == OrmVerdict(1.0, [True, True, True])
+    assert _orm("Oslo; Lisbon") == OrmVerdict(2 / 3, [False, True, True])  # the first state lost
+    assert _orm("lisbon.") == OrmVerdict(
+        1 / 3, [False, False, True]
+    )  # the current state alone: the last fact
+    assert _orm("Lisbon; Oslo") == OrmVerdict(2 / 3, [True, True, False])  # the revert lost
+    assert _orm("Lisbon; Denver; Lisbon") == OrmVerdict(2 / 3, [True, False, True])
+    assert _orm("Oslo; Oslo") == OrmVerdict(1 / 3, [False, True, False])
+    assert _orm("Lisbon or Oslo") == OrmVerdict(0.0, [False, False, False])  # a hedge states nothing
+    assert _orm("no such record") == OrmVerdict(0.0, [False, False, False])
+    # two keys: "penicillin; blue", one recovered
+    pair = {
+        "reference": "penicillin; blue",
+        "facts": ["allergy", "car"],
+        "gold_answers": ("penicillin", "blue"),
+    }
+    assert _orm("penicillin; no such record", **pair) == OrmVerdict(0.5, [True, False])
+    assert _orm("blue; penicillin", **pair) == OrmVerdict(0.5, [False, True])  # out of order: one aligns
+
+
+def test_exact_match_orm_is_all_or_nothing_when_the_reference_is_not_its_facts_answers():
+    # the templated world's "before it became" question: one answer standing for two facts
+    before = {"reference": "baker", "facts": ["job baker", "job nurse"], "gold_answers": ("baker", "nurse")}
+    assert _orm("baker", **before) == OrmVerdict(1.0, [True, True])
+    assert _orm("nurse", **before) == OrmVerdict(0.0, [False, False])
+    # a gold fact without a known answer span: the old rule
+    unknown = {"reference": "a bakery; Rex", "facts": ["works", "dog"], "gold_answers": ("", "")}
+    assert _orm("a bakery", **unknown) == OrmVerdict(0.0, [False, False])
+    assert _orm("A bakery; rex", **unknown) == OrmVerdict(1.0, [True, True])
+    # no gold answers given: the reference's parts, one per fact, are the gold answers
+    assert _orm("Rex", reference="a bakery; Rex", facts=["works", "dog"], gold_answers=()) == OrmVerdict(
+        0.5, [False, True]
+    )

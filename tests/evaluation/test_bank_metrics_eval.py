@@ -1,24 +1,22 @@
 """The bound writers (`kind: empty`, `kind: gold`) and the bank metrics of `python -m hymem_train.evaluate`
 on a tiny ledger-world dataset in the native harness: the gold bank recalls every gold fact, the empty
 bank none, and a writer that stores small talk loses false-memory resistance (bank_metrics.json / .md).
-The reader is a stand-in endpoint that reads the ledger records it is shown (no model)."""
+The reader is the extractive instrument served as a stand-in endpoint (no model)."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from data_pipeline.build import build, load_config
-from data_pipeline.ledger import normalise_key, parse_record
 from data_pipeline.ledger_oracle import Flaws, LedgerOracle
-from data_pipeline.schema import NO_SUCH_RECORD
 from harnesses.registry import HarnessConfig
 from hymem_train.config import compose, to_typed
 from hymem_train.evaluate import evaluate
 from hymem_train.evaluation.config import MatrixConfig, WriterConfig
 from hymem_train.evaluation.matrix import plan_matrix
 from hymem_train.run_config import EvaluateConfig
+from reward.instrument import extractive_answer, parse_reader_prompt
 from tests.doubles.openai_server import StandInServer
 
 
@@ -42,18 +40,8 @@ def user_text(body):
 
 
 def ledger_reader(body):
-    """Answers a ledger question from the records shown: the key's current value, or its states."""
-    text = user_text(body)
-    recs = {}
-    for line in re.findall(r"^\[\d+\] (?:\(\d{4}-\d{2}-\d{2}\) )?(.+)$", text, re.M):
-        r = parse_record(line)
-        if r is not None:
-            recs[normalise_key(r.key)] = r
-    m = re.search(r"Question: (?:What is (?P<cur>.+?)\?|How did (?P<hist>.+?) change\?)", text)
-    r = m and recs.get(normalise_key(m.group("cur") or m.group("hist")))
-    if not r:
-        return NO_SUCH_RECORD
-    return r.current if m.group("cur") else "; ".join(r.values)
+    """The extractive instrument over the records the reader prompt shows (served as a plain endpoint here)."""
+    return extractive_answer(*parse_reader_prompt(user_text(body)))
 
 
 def talker(body):

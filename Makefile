@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml requirements/lock-cpu.txt | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 # Every venv is installed without byte-compiling (pip --no-compile: most of an install's CPU time, 366 s
-# -> 149 s for CI's venvs; docs/findings.md, "CI time"). Imports then write the bytecode of the modules
+# -> 149 s for CI's venvs; docs/log/findings.md, "CI time"). Imports then write the bytecode of the modules
 # they use, once, which PYTHONDONTWRITEBYTECODE=1 (set on some boxes) would turn into a compile per process.
 unexport PYTHONDONTWRITEBYTECODE
 

@@ -8,7 +8,7 @@ are built from the same initial weights (each in its own child process: DeepSpee
 group per process) and train on the same packed SFT batches
 (plain-LM rows of the demo's pretraining stand-in); prints the mean step seconds of each (first 3
 steps skipped as warm-up), the final losses (equal up to float noise: the same optimisation), and
-the ratio. Numbers seen on the 2-core dev box: docs/findings.md, "Benchmarks".
+the ratio. Numbers seen on the 2-core dev box: docs/log/findings.md, "Benchmarks".
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""Reward and evaluation data (issue 4; DESIGN.md section 1 "Reward data").
+"""Reward and evaluation data (issue 4).
 
     schema.py            canonical, versioned records + HF Features (Sequence, Chunk, Window, Probe, ...)
     loaders.py           LoCoMo / LongMemEval original layouts, generic JSONL -> Sequences + EvalItems

@@ -190,7 +190,7 @@ def load_sources(cfg: DataConfig) -> tuple[LoadResult, SyntheticData | None]:
         except RecordError as e:
             hint = ""
             if str(e).endswith("no such file"):
-                hint = f" (set data.sources[{i}].path; the shipped data configs read $HYMEM_DATA, default data/, and $HYMEM_SHARED_DATA, default ../shared/data)"
+                hint = f" (set data.sources[{i}].path; the shipped data configs read $HYMEM_DATA, default data/, and $HYMEM_SAMPLE_DATA, default tests/fixtures/sample_data)"
             raise RecordError(f"data.sources[{i}] (kind {s.kind}): {e}{hint}") from None
         if not part.sequences:
             log.warning(

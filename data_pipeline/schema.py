@@ -1,4 +1,4 @@
-"""Canonical, versioned data types of the reward data (DESIGN.md section 1, "Reward data"; issue 4 item 1).
+"""Canonical, versioned data types of the reward data.
 
 One definition of each record the pipeline stores and the trainer / reward / evaluation code reads:
 
@@ -15,7 +15,7 @@ Indices: every `chunk_index` / `source_chunk` / `evidence_chunks` value is the c
 earlier window credits no chunk of the current window (report section "attributed memory RL").
 
 Gold facts (`OrmQuestion.gold_facts`, `Fact` rows) are judge-only: `public_view()` strips them for
-anything the bank, the retrieval query or the answer model sees (DESIGN.md section 1).
+anything the bank, the retrieval query or the answer model sees.
 
 Every record has `to_dict()` and a strict `from_dict(d, where=...)`: a missing, unknown or mistyped
 field raises RecordError naming `where` (file and record id) and the dotted field. Stored tables are

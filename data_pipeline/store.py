@@ -6,7 +6,7 @@ Layout of a built dataset directory:
     <dir>/<table>/               `Dataset.save_to_disk` of each table, with FEATURES[table]
     <dir>/stats.json, stats.md   the report's statistics table (written by stats.py)
 
-Nothing half-written (STYLE.md 10): everything is written into a sibling temp directory that is
+Nothing half-written: everything is written into a sibling temp directory that is
 renamed over the target only when complete, `manifest.json` last; a crash leaves the previous version
 (or nothing). A build of several profiles (data_pipeline/build.py) stages them all first, then holds
 `<out_dir>/BUILD_INCOMPLETE` while it renames them into place and writes `<out_dir>/build.json` last:

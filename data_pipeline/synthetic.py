@@ -416,7 +416,7 @@ def pretraining_documents(
     tiny model trained from scratch on the writer/reader demonstrations alone did not learn to copy
     within the demo's budget; dense, short copy episodes teach that skill faster. The fourth kind
     ("talk") imitates the greetings and small talk the harness prompt puts around a fact; it is off by
-    default because it delayed the copying phase change. Measured: docs/findings.md, "Data".
+    default because it delayed the copying phase change. Measured: docs/log/findings.md, "Data".
 
     Each document has `episodes_per_document` episodes, each about one person, people and values
     drawn independently at random (so no person-value association can be memorised; the demo's

@@ -1,4 +1,4 @@
-"""Typed Hydra configuration mechanics (STYLE.md 3-4): compose, to_typed, ConfigError, to_yaml.
+"""Typed Hydra configuration mechanics: compose, to_typed, ConfigError, to_yaml.
 
 Hydra composes the YAML (`configs/<primary>.yaml` + groups + `+exp=NAME` overlays); the result is
 merged into the entry point's dataclass schema, so a wrong key or a wrong type fails at start-up,

@@ -185,7 +185,7 @@ def read_bank_meta(bank_dir: Path) -> BankMetadata | None:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Nothing half-written (STYLE.md 10): temp file in the same directory, fsync, rename."""
+    """Nothing half-written: temp file in the same directory, fsync, rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -240,7 +240,7 @@ class BankLock:
 
     The fork-time probe (`is_held`) takes a *shared* lock for an instant: the report's 8 rollouts of
     a window fork the same parent bank at the same moment, and an exclusive probe made a concurrent
-    probe see "held" and fail its rollout as a platform error (measured rates: docs/findings.md,
+    probe see "held" and fail its rollout as a platform error (measured rates: docs/log/findings.md,
     "Harnesses: the fork-time bank-lock race"). Shared probes never conflict with each other; only an
     open bank's exclusive lock makes one fail. A writer's `acquire` that meets a probe's instant shared
     lock retries for up to `PROBE_GRACE_S` before it calls the bank open elsewhere.
@@ -292,7 +292,7 @@ class BankLock:
 
 def fork_bank_dirs(src: Path, dsts: Sequence[Path]) -> list[BankMetadata]:
     """Copy a *closed* bank into each of `dsts` (which must not exist); each copy gets a new bank id
-    and the parent appended to its lineage (DESIGN.md 1: 8 rollouts start from independent copies).
+    and the parent appended to its lineage.
 
     Each copy is built in a temp sibling and renamed into place, so a crash leaves no half bank.
     Framework adapters whose store is a plain directory use this as-is (copy = fork).
@@ -401,7 +401,7 @@ class Harness(abc.ABC):
 
     def size_tokens(self, tokenizer: Tokenizer | Callable[[str], Sequence[int]]) -> int:
         """Bank size in tokens: sum over entries of tokens(entry.text), the framework's canonical
-        entry text (documented per adapter). Feeds the growth penalty (DESIGN.md 1)."""
+        entry text (documented per adapter). Feeds the growth penalty."""
         return sum(count_tokens(tokenizer, e.text) for e in self.read_all())
 
     def __enter__(self) -> Harness:

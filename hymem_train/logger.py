@@ -1,5 +1,5 @@
 """Run observability: namespaced metrics to wandb (offline by default) and to `metrics.jsonl` in the
-run directory, a per-step time breakdown, and PNG plots of the main curves (STYLE.md 9).
+run directory, a per-step time breakdown, and PNG plots of the main curves.
 
 wandb run identity: a new run gets a fresh id (`<run name>-<8 hex>`), recorded in
 `<run dir>/wandb_run_id`; only a resumed stage reuses the recorded id (`resume="allow"`), so a re-run

@@ -1,4 +1,4 @@
-"""Root configs of the entry points, composed from the component dataclasses (STYLE.md 3).
+"""Root configs of the entry points, composed from the component dataclasses.
 
 Each entry point has a primary `configs/<name>.yaml` and a schema here; `+exp=NAME` overlays from
 `configs/exp/` change only what differs. Every component's dataclass lives in a `config` module

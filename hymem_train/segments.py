@@ -1,4 +1,4 @@
-"""The Segment: one LLM call a harness made during one write (DESIGN.md section 3).
+"""The Segment: one LLM call a harness made during one write.
 
 Token-in/token-out: a Segment holds the exact token ids the engine consumed and produced, so the
 trainer never re-tokenizes text (re-tokenizing drifts at merge boundaries and silently changes the

@@ -1,4 +1,4 @@
-"""s[t] and the GRPO advantages of one window's rollout group (DESIGN.md section 1).
+"""s[t] and the GRPO advantages of one window's rollout group.
 
 Legend: G = rollouts of the group, C = chunks of the window, S = segments (LLM calls) of a rollout.
 `scores_GC[i][t]` is s_i[t]; `valid_GC[i][t]` is False where that cell is a platform fault

@@ -1,4 +1,4 @@
-"""Reader, judge and the exact-match scorer (DESIGN.md section 1, "Reward data"; issue 5 item 2).
+"""Reader, judge and the exact-match scorer.
 
 - The reader answers a probe / question from the harness's own search results, nothing else: it
   never sees the reference, the rubric or the gold facts.

@@ -31,12 +31,12 @@ SCORE_MODES = ("rubric", "binary")
 #   "floor": prm[t] = orm[t] = 0 (silent failure 9, docs/glossary.md: "a valid trajectory with low reward");
 #   "bank":  whatever its unchanged bank earns (our first reading; kept as an ablation).
 # With "bank", garbage earns every trap an unchanged bank passes, so it costs nothing over a wrong write
-# and GRPO reinforced it (docs/findings.md, "Reward: scoring a malformed write by its unchanged bank").
+# and GRPO reinforced it (docs/log/findings.md, "Reward: scoring a malformed write by its unchanged bank").
 # With "floor" garbage ranks below every valid write; a valid abstention ({"op": "NONE"}) still earns
 # its traps, so storing nothing is never punished.
 MALFORMED_SCORES = ("floor", "bank")
 
-# Metric names (STYLE.md 9). Cross-rank / cross-group reduction: mean, weighted by the metric's
+# Metric names. Cross-rank / cross-group reduction: mean, weighted by the metric's
 # own denominator where one is stated (the service logs per group; the trainer averages groups).
 M_PRM = "reward/prm"  # mean prm[t] over valid cells
 M_ORM = "reward/orm"  # mean orm[t] over valid cells

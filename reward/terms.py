@@ -1,4 +1,4 @@
-"""Per-chunk reward terms of one rollout (DESIGN.md section 1): prm[t], orm[t], pen[t].
+"""Per-chunk reward terms of one rollout: prm[t], orm[t], pen[t].
 
 Pure functions, numbers in, numbers out. A judge fault is the value `FAULT` (NaN): it is left out
 of every denominator (silent failure 7, governing rule), never read as a 0 for the policy. Each

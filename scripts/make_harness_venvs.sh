@@ -74,7 +74,7 @@ build_one() {
   echo "make_harness_venvs: $VENVS/$fw ready in $(( $(date +%s) - start )) s"
 }
 
-# The builds are mostly downloads and unpacking, so they overlap well (docs/findings.md, "CI time"):
+# The builds are mostly downloads and unpacking, so they overlap well (docs/log/findings.md, "CI time"):
 # all at once by default, each with its own log; a failed one's log is printed whole.
 if [ "${JOBS:-0}" = 1 ] || [ ${#frameworks[@]} -eq 1 ]; then
   for fw in "${frameworks[@]}"; do build_one "$fw"; done

@@ -34,3 +34,38 @@ def test_no_test_doubles_or_demo_in_packages(package):
     root = REPO_ROOT / package
     assert not list(root.rglob("testing.py")), "test doubles go under tests/doubles/"
     assert not list(root.glob("demo*.py")), "demo code goes under scripts/demo_lib/"
+
+
+# a clone holds nothing beside the repository: a path or a document outside it cannot be followed
+OUTSIDE_REFS = ("../shared", "DESIGN.md", "STYLE.md")
+
+
+def outside_references(root: Path) -> list[str]:
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
+                           text=True, check=True).stdout.split()  # fmt: skip
+    bad = []
+    for rel in files:
+        p = root / rel
+        if (
+            p.suffix not in (".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".cfg", ".txt", "")
+            or not p.is_file()
+        ):
+            continue
+        text = p.read_text(errors="replace")
+        bad += [f"{rel}: {ref}" for ref in OUTSIDE_REFS if ref in text and rel != "tests/test_layout.py"]
+    return bad
+
+
+def test_nothing_points_outside_the_repository():
+    assert not outside_references(REPO_ROOT)
+
+
+def test_outside_reference_check_catches_one(tmp_path):
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.py").write_text('"""see DESIGN.md section 1"""\n')
+    (tmp_path / "b.yaml").write_text("path: ../shared/data/x.json\n")
+    assert outside_references(tmp_path) == ["a.py: DESIGN.md", "b.yaml: ../shared"]

@@ -1,4 +1,4 @@
-"""Step dumps (STYLE.md 8): `rollout.dump=true` writes each step's train items to
+"""Step dumps: `rollout.dump=true` writes each step's train items to
 `<run>/dumps/step_<k>.pt` (written to a temp file, then renamed), and `rollout.mode=train_only`
 replays them into the trainer, so rollout and training can be debugged apart."""
 

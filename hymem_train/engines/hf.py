@@ -1,6 +1,6 @@
 """HF transformers engine: padding-aware batched generation with a KV cache, on CPU (or one GPU).
 
-The CPU stand-in for vLLM (DESIGN.md section 4). It keeps the engine contract exactly: token ids in,
+The CPU stand-in for vLLM. It keeps the engine contract exactly: token ids in,
 token ids + raw logprobs + routed experts out. Routes are captured by the routing hook
 (models/routing.py) during prefill and every decode step and laid out as [P+R, L, E] per request,
 the layout vLLM returns; the last sampled token is never forwarded, so its row is -1.

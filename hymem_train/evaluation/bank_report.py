@@ -7,7 +7,6 @@ in config order and each writer vs the first) and <run>/eval/bank_metrics.md (th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -17,7 +16,7 @@ from typing import Any
 
 from harnesses.base import write_json_atomic
 from harnesses.registry import make_harness
-from hymem_train.evaluation.matrix import HarnessPlan, MatrixRun, Unit, ledger_sequences
+from hymem_train.evaluation.matrix import HarnessPlan, MatrixRun, Unit, ledger_sequences, release_harness
 from reward.bank_metrics import (
     METRICS,
     RATE_METRICS,
@@ -52,11 +51,7 @@ def bank_texts(unit: Unit, hcfg) -> list[str]:
         h.open(unit.dir / "bank")
         return [e.text for e in h.read_all()]
     finally:
-        with contextlib.suppress(Exception):
-            h.close()
-        shutdown = getattr(h, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        release_harness(h)
 
 
 def harness_bank_metrics(matrix: MatrixRun, p: HarnessPlan, *, resamples: int, seed: int) -> dict[str, Any]:

@@ -273,15 +273,21 @@ def build_bank(
             log.warning("%s: bank build attempt %d failed: %s", unit.label, attempt + 1, error)
         finally:
             stop.set()
-            with contextlib.suppress(Exception):
-                harness.close()
-            shutdown = getattr(harness, "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+            release_harness(harness)
             writer.end(unit)
     out = {"status": "failed", "error": error, "seconds": time.perf_counter() - t0, "attempts": retries + 1}
     write_json_atomic(done, out)
     return out
+
+
+def release_harness(h) -> None:
+    """Close a harness's bank (a close error is moot once the work is done or failed) and stop its
+    process, if it runs one."""
+    with contextlib.suppress(Exception):
+        h.close()
+    shutdown = getattr(h, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def build_empty_bank(unit: Unit, hcfg: HarnessConfig, embedder: Endpoint | None) -> dict[str, Any]:
@@ -292,11 +298,9 @@ def build_empty_bank(unit: Unit, hcfg: HarnessConfig, embedder: Endpoint | None)
     h = make_harness(hcfg, None, embedder, sandbox_root=unit.dir, sandbox_id=f"build-{uuid.uuid4().hex[:8]}")
     try:
         h.open(bank, create=True)
-        h.close()
+        h.close()  # an error here is the build's: it propagates
     finally:
-        shutdown = getattr(h, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        release_harness(h)
     out = {"status": "ok", "chunks": 0, "seconds": time.perf_counter() - t0, "llm_calls": 0, "write_statuses": {},
            "attempts": 1, "ops": op_counts([])}  # fmt: skip
     write_json_atomic(unit.dir / "build.json", out)
@@ -452,11 +456,7 @@ def search_bank(
                 out.append(Fault("bank", f"{unit.label}: search: {e}", 1))
         return out
     finally:
-        with contextlib.suppress(Exception):
-            h.close()
-        shutdown = getattr(h, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        release_harness(h)
 
 
 # ------------------------------------------------------------------------------------------ the run

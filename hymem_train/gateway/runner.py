@@ -17,7 +17,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # How long the server keeps an idle keep-alive connection. It must outlast every client's own idle
 # expiry (httpx and the openai SDK: 5 s), so a client always drops an idle connection before the server
-# does; uvicorn's default (also 5 s) let a request meet the server's close (docs/findings.md, "Gateway").
+# does; uvicorn's default (also 5 s) let a request meet the server's close (docs/log/findings.md, "Gateway").
 KEEP_ALIVE_S = 75
 
 

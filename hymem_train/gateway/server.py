@@ -1,4 +1,4 @@
-"""OpenAI-compatible gateway in front of the policy engine (DESIGN.md section 3).
+"""OpenAI-compatible gateway in front of the policy engine.
 
 Every harness LLM call comes through here: the gateway checks the caller's trajectory identity
 (silent failure 8), applies the chat template, runs the engine (batched across concurrent callers),

@@ -1,5 +1,5 @@
 """Where the gateway puts the Segments it records: in memory per trajectory, optionally mirrored
-to a JSONL file in the run directory (rollout dumps for train-only replay, STYLE.md 8)."""
+to a JSONL file in the run directory (rollout dumps for train-only replay)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ TINY_VOCAB = 896
 # so an attention logit is at most sqrt(head_dim) * |q_norm| * |k_norm|: head_dim 64 raises the cap
 # from ~5.7 to 8 (the report's 128: 11). The report's rope_theta (~1.1e7, for 256k contexts) leaves a
 # 1k-token model almost no positional signal; 1e4 is the usual short-context value. initializer_range
-# 0.02: HYV3's 0.006 is scaled for hidden 2048. Measured effects: docs/findings.md, "Models".
+# 0.02: HYV3's 0.006 is scaled for hidden 2048. Measured effects: docs/log/findings.md, "Models".
 _TINY_DEMO_ATTENTION: dict[str, Any] = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
     initializer_range=0.02,

@@ -1,4 +1,4 @@
-"""HYV3 presets built from config with the native transformers classes (DESIGN.md section 1).
+"""HYV3 presets built from config with the native transformers classes.
 
 `hy_memory_30b_a3b` carries the report's numbers. The report does not say whether layer 0 is dense
 (transformers' HYV3 default) so we follow its wording, "48 layers, 128 routed experts + 1 shared":

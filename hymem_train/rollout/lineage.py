@@ -1,4 +1,4 @@
-"""Bank lineage across windows (DESIGN.md section 1; silent failure 1).
+"""Bank lineage across windows.
 
 After a window is scored, the final bank of the rollout with the highest sum of chunk scores
 becomes the parent of that sequence's next window. The promoted bank is copied into the run

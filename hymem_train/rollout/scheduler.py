@@ -1,4 +1,4 @@
-"""Window scheduler: sequences advance window by window across steps (DESIGN.md section 1).
+"""Window scheduler: sequences advance window by window across steps.
 
 The scheduler's unit is a lineage: a (harness configuration, sequence) pair whose bank belongs to one
 framework. Two ways to get them (docs/stages.md, "Data per harness"):

@@ -1,6 +1,6 @@
 """Rollout workers: one rollout = one window written chunk by chunk from a fork of the parent bank.
 
-Report recipe (DESIGN.md section 1; terms in docs/glossary.md): each of a window's 8 rollouts starts from an independent copy of the same
+Report recipe: each of a window's 8 rollouts starts from an independent copy of the same
 parent bank and writes every chunk of the window through the harness's own write path; every LLM
 call goes through the gateway under the rollout's own credential (silent failure 8) with the chunk
 index declared first (silent failure 3). After each chunk the worker closes the bank and snapshots

@@ -1,4 +1,4 @@
-"""OPD and PPO losses as pure functions of small per-position tensors (DESIGN.md section 1).
+"""OPD and PPO losses as pure functions of small per-position tensors.
 
 The big `[tokens, vocab]` part lives in `chunked_head.py`; these functions only see what it returns
 (`lse_N`, logits gathered at a few ids, entropy) and are cheap enough to be tested by hand.

@@ -1,6 +1,6 @@
 """Segment packing: one optimizer step's segments -> equal numbers of packed micro-batches per rank.
 
-Every LLM call a harness makes is an independent segment (DESIGN.md section 1): in a packed row
+Every LLM call a harness makes is an independent segment: in a packed row
 each segment restarts its position ids and attends only to itself. Position ids alone do not
 isolate segments with sdpa/eager on CPU, so isolation is explicit: `mask="segments"` (default) runs
 causal sdpa per segment from the row's `cu_seqlens` (segment_attention.py, no T^2 memory);

@@ -4,7 +4,7 @@ The dense block-causal mask costs T^2 memory (4 GiB fp32 at the report's 32,768-
 still computes every masked cross-segment pair. flash-attention's varlen kernel avoids both on GPU;
 this is the CPU (and any-device) counterpart: the packed row is split at the segment boundaries
 (`cu_seqlens`, passed through the model's attention kwargs) and each piece runs causal sdpa alone,
-so cost and memory follow sum(L_i^2) and no segment can see another (DESIGN.md section 1).
+so cost and memory follow sum(L_i^2) and no segment can see another.
 
 Registered with transformers' AttentionInterface as `hymem_segments`. The mask interface does not
 know the name, so transformers builds no mask at all for it. Without `hymem_cu_seqlens` in the

@@ -1,4 +1,4 @@
-"""Bucketed weight sync from the trainer to the inference engines (DESIGN.md section 3, data flow).
+"""Bucketed weight sync from the trainer to the inference engines.
 
 One `update_weights` call per bucket of ~`bucket_mb` MiB, not one per parameter: with 48 layers x
 128 experts a per-parameter protocol is thousands of round trips per sync. Under ZeRO-3 each

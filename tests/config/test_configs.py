@@ -1,4 +1,4 @@
-"""Every experiment composes and validates against the primaries it names (STYLE.md 7f)."""
+"""Every experiment composes and validates against the primaries it names."""
 
 import re
 from pathlib import Path
@@ -33,7 +33,7 @@ def _primaries(path: Path) -> list[str]:
 def test_there_are_experiments():
     names = {p.stem for p in EXPS}
     assert {"demo_cpu", "demo_opd", "demo_rl", "hy_memory_opd", "hy_memory_rl", "data_locomo_sample"} <= names
-    # one overlay per ablation the report lists as not done (reward knobs; DESIGN.md section 1)
+    # one overlay per ablation the report lists as not done (reward knobs)
     assert {f"ablation_{a}" for a in ("window_level_grpo", "broadcast_orm", "no_traps", "no_growth_penalty",
                                       "binary_reward")} <= names  # fmt: skip
     assert "ablation_one_vote_loss" in names  # the loss's sequence unit (issue 18 section 3)

@@ -10,22 +10,18 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-SHARED_DATA = Path(os.environ.get("HYMEM_SHARED_DATA", "/work/shared/data"))
-LOCOMO = SHARED_DATA / "locomo" / "locomo_sample.json"
-LONGMEMEVAL = SHARED_DATA / "longmemeval" / "longmemeval_s_sample.json"
+SAMPLE_DATA = Path(__file__).resolve().parents[1] / "fixtures" / "sample_data"  # bundled slices
+LOCOMO = SAMPLE_DATA / "locomo" / "locomo_sample.json"
+LONGMEMEVAL = SAMPLE_DATA / "longmemeval" / "longmemeval_s_sample.json"
 
 
 @pytest.fixture
 def locomo_path() -> Path:
-    if not LOCOMO.exists():
-        pytest.skip(f"shared sample data missing: {LOCOMO}")
     return LOCOMO
 
 
 @pytest.fixture
 def longmemeval_path() -> Path:
-    if not LONGMEMEVAL.exists():
-        pytest.skip(f"shared sample data missing: {LONGMEMEVAL}")
     return LONGMEMEVAL
 
 

@@ -32,7 +32,7 @@ SHIPPED_TOKENIZER = REPO_ROOT / "hymem_train" / "assets" / "tokenizer"
 
 
 def _small_locomo(src: Path, dst: Path, num_sessions: int = 4, drop: tuple[int, ...] = ()) -> Path:
-    """conv-30 of the shared slice cut to its first sessions (fast builds), optionally with sessions removed."""
+    """conv-30 of the bundled slice cut to its first sessions (fast builds), optionally with sessions removed."""
     sample = next(s for s in json.loads(src.read_text()) if s["sample_id"] == "conv-30")
     keep = [i for i in range(1, num_sessions + 1) if i not in drop]
     conv = sample["conversation"]

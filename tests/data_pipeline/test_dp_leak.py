@@ -1,4 +1,4 @@
-"""Gold facts never reach the bank, the retrieval query or the answer model (DESIGN.md section 1).
+"""Gold facts never reach the bank, the retrieval query or the answer model.
 
 What those three see from the data pipeline: the writer gets `render_chunk(chunk)`; retrieval and
 the answer model get the `public_view()` of a probe, ORM question or evaluation item. The annotator

@@ -1,4 +1,4 @@
-"""Loaders on ../shared/data slices: counts match the files, every evidence id resolves or is reported."""
+"""Loaders on the bundled slices (tests/fixtures/sample_data): counts match the files, every evidence id resolves or is reported."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _raw_locomo_counts(path):
 
 def test_locomo_counts_match_file(locomo_path):
     raw = _raw_locomo_counts(locomo_path)
-    # the two conversations of the shared slice (facts of the file, see shared/data/README.md)
+    # the two conversations of the bundled slice (facts of the file, see tests/fixtures/sample_data/README.md)
     assert {k: (v["sessions"], v["turns"], v["qa"]) for k, v in raw.items()} == {
         "conv-26": (19, 419, 199),
         "conv-30": (19, 369, 105),

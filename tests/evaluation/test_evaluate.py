@@ -26,14 +26,11 @@ from tests.doubles.openai_server import StandInServer
 REPO = Path(__file__).resolve().parents[2]
 
 
-SHARED_DATA = Path(os.environ.get("HYMEM_SHARED_DATA", "/work/shared/data"))  # as tests/data_pipeline
-
-
 @pytest.fixture(scope="session")
 def locomo(tmp_path_factory):
-    if not (SHARED_DATA / "locomo" / "locomo_sample.json").exists():
-        pytest.skip(f"shared sample data missing: {SHARED_DATA}")
-    os.environ["HYMEM_SHARED_DATA"] = str(SHARED_DATA)  # configs/data/locomo_sample.yaml reads it
+    os.environ["HYMEM_SAMPLE_DATA"] = str(
+        REPO / "tests" / "fixtures" / "sample_data"
+    )  # wherever pytest runs from
     out = tmp_path_factory.mktemp("locomo_sample")
     build(load_config(["+exp=data_locomo_sample", f"out_dir={out}"]))
     return out / "mem0"

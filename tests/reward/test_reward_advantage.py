@@ -1,4 +1,4 @@
-"""Golden values for s[t] and the chunk- / window-level GRPO advantages (DESIGN.md section 1)."""
+"""Golden values for s[t] and the chunk- / window-level GRPO advantages."""
 
 import math
 

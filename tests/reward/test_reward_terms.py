@@ -1,4 +1,4 @@
-"""Golden values for prm / orm / growth penalty, computed by hand from DESIGN.md section 1."""
+"""Golden values for prm / orm / growth penalty, computed by hand from the formulas in docs/reward.md."""
 
 import math
 

@@ -24,7 +24,7 @@ FRAMEWORKS = {
 
 
 # mem0 and MemoryOS run the RL half only, from the model config's initial weights (CI time: mem0's
-# ~20k-token prompts made its OPD half ~150 s; docs/findings.md, "CI time"). OPD inside a real framework
+# ~20k-token prompts made its OPD half ~150 s; docs/log/findings.md, "CI time"). OPD inside a real framework
 # stays covered by hy-memory, and the OPD write path is the RL one (the same rollout worker).
 RL_ONLY = {"mem0", "memoryos"}
 # mem0's RL step collects and scores but does not train (rollout.mode=rollout_only): its 4 segments of

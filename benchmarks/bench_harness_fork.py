@@ -1,4 +1,4 @@
-"""Fork cost per harness: 8 forks of a 1,000-entry bank, and read_all on it (issue 3, Must show).
+"""Fork cost per harness: 8 forks of a 1,000-entry bank, and read_all on it.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_harness_fork.py [--frameworks native mem0] [--entries 1000]
 

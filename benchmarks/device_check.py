@@ -1,4 +1,4 @@
-"""The prepared GPU check (issue 19, item 5): four measurements on one GPU, one JSON of results.
+"""The prepared GPU check: four measurements on one GPU, one JSON of results.
 
     scripts/device_check.sh [OUT.json]                                  # on the lent H200 (< 8 min)
     .venv/bin/python benchmarks/device_check.py --cpu-smoke --out x.json  # here: every section, tiny sizes

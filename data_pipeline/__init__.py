@@ -1,4 +1,4 @@
-"""Reward and evaluation data (issue 4).
+"""Reward and evaluation data.
 
     schema.py            canonical, versioned records + HF Features (Sequence, Chunk, Window, Probe, ...)
     loaders.py           LoCoMo / LongMemEval original layouts, generic JSONL -> Sequences + EvalItems

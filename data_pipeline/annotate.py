@@ -1,4 +1,4 @@
-"""The two annotation passes through an annotator LLM behind any OpenAI-compatible endpoint (issue 4 item 4).
+"""The two annotation passes through an annotator LLM behind any OpenAI-compatible endpoint.
 
 PRM pass, per chunk t (in order, because it needs earlier output): the annotator sees chunk t and the
 facts already extracted from chunks t-1 and t-2, and writes atomic facts (new ones; an update names

@@ -1,4 +1,4 @@
-"""Build reward / evaluation data: `python -m data_pipeline.build [data=NAME] [key=value ...]` (issue 4 item 8).
+"""Build reward / evaluation data: `python -m data_pipeline.build [data=NAME] [key=value ...]`.
 
     python -m data_pipeline.build                                   # synthetic demo data (no LLM)
     python -m data_pipeline.build data=locomo_sample                # shared LoCoMo + LongMemEval slices

@@ -1,4 +1,4 @@
-"""Chunks, windows and the fixed evaluation subsample (issue 4 item 3).
+"""Chunks, windows and the fixed evaluation subsample.
 
 A chunk is what the memory writer consumes in one write; its index is the `t` of every per-chunk
 reward. Chunking modes:

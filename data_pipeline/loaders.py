@@ -1,4 +1,4 @@
-"""Benchmark loaders: original file layouts -> Sequences + EvalItems (issue 4 item 2).
+"""Benchmark loaders: original file layouts -> Sequences + EvalItems.
 
 - LoCoMo `locomo10.json`: a list of samples {sample_id, conversation{speaker_a, speaker_b, session_N,
   session_N_date_time}, qa[{question, answer | adversarial_answer, evidence, category}], observation}.

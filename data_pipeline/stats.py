@@ -1,4 +1,4 @@
-"""Reward-data statistics: the report's table, one row per harness configuration (issue 4 item 6).
+"""Reward-data statistics: the report's table, one row per harness configuration.
 
 Columns as in the report: windows, chunks, recall probes, traps, ORM questions and gold-fact
 citations (the number of (question, gold fact) pairs, i.e. how many chunk attributions the ORM can

@@ -1,4 +1,4 @@
-"""Built datasets on disk: one directory of HF `datasets` tables + `manifest.json` (issue 4 item 1).
+"""Built datasets on disk: one directory of HF `datasets` tables + `manifest.json`.
 
 Layout of a built dataset directory:
 

@@ -1,4 +1,4 @@
-"""Synthetic long-interaction streams with gold annotations known by construction (issue 4 item 7).
+"""Synthetic long-interaction streams with gold annotations known by construction.
 
 The CPU demo trains a tiny writer on this data, so it needs no annotator LLM: every chunk is one
 short session (a few short turns, < 60 words) in which one person states atomic facts about

@@ -1,4 +1,4 @@
-"""The one interface every memory harness implements (issue 3; silent failures: docs/glossary.md).
+"""The one interface every memory harness implements (silent failures: docs/glossary.md).
 
 A *bank* is one directory on disk that a single framework owns. The rollout side drives it through
 `Harness`: open -> write_chunk* -> close -> fork. The same interface is implemented in-process

@@ -1,4 +1,4 @@
-"""Native harness: a compact Mem0-style protocol on SQLite + FTS5, in-process, no venv (issue 3, Build 4).
+"""Native harness: a compact Mem0-style protocol on SQLite + FTS5, in-process, no venv.
 
 One LLM call per chunk: the prompt holds the chunk and the top-k existing memories (FTS5 bm25 over
 the chunk's words); the reply is JSON operations ADD / UPDATE / DELETE / NONE, applied in one SQLite

@@ -1,6 +1,6 @@
 """The sandbox: one harness adapter hosted in its own process and venv, driven over JSON lines on stdio.
 
-Why a process per sandbox (issue 3, Build 2): the frameworks' pins conflict (MemOS needs
+Why a process per sandbox: the frameworks' pins conflict (MemOS needs
 transformers<5), a framework crash must not take the rollout worker down, and a dead process is
 unambiguous evidence of a platform fault (silent failure 7) rather than an empty bank.
 

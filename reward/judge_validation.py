@@ -1,4 +1,4 @@
-"""Judge validation: does a judge endpoint rank 5 synthetic answers per item as expected? (issue 4 item 5)
+"""Judge validation: does a judge endpoint rank 5 synthetic answers per item as expected?
 
 Report section 1: for each item, five synthetic answers are scored by the judge: the reference and a
 faithful paraphrase should get full credit, a partial answer partial credit, a distractor (another

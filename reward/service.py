@@ -1,4 +1,4 @@
-"""The reward service: a pool of Ray actors that scores finished rollout groups (issue 5 item 3).
+"""The reward service: a pool of Ray actors that scores finished rollout groups.
 
 Per rollout (one actor call): open each chunk's bank snapshot through the harness adapter, search it
 with that chunk's probes (PRM), search the final bank with the window's ORM questions, then one

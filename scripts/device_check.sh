@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 19, item 5): benchmarks/device_check.py on one GPU, one JSON of results.
+# The prepared GPU check: benchmarks/device_check.py on one GPU, one JSON of results.
 #
 #   scripts/device_check.sh [OUT.json]      # default: $OUT/device_check.json (the device tool's folder), else ./
 #

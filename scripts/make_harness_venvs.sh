@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the per-framework harness venvs under .venvs/<framework>, reproducibly, from the pinned
-# lock files in harnesses/venv_locks/<framework>.txt (issue 3, Build 2: the frameworks' pins conflict).
+# lock files in harnesses/venv_locks/<framework>.txt.
 #
 #   scripts/make_harness_venvs.sh                 # every framework that has a lock file
 #   scripts/make_harness_venvs.sh mem0            # just one (CI: the ones its tests need)

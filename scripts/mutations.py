@@ -1,4 +1,4 @@
-"""Re-apply single mutations to the guards and check that the named tests fail (issue 18, section 5).
+"""Re-apply single mutations to the guards and check that the named tests fail.
 
     cd <repo root> && python scripts/mutations.py                  # every mutation (~15 min on 2 cores)
     python scripts/mutations.py --fast                             # skip the ones whose tests are slow

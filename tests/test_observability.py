@@ -1,4 +1,4 @@
-"""What a cluster user sees (issue 18 section 6): wandb run identity and config, start-up errors that
+"""What a cluster user sees: wandb run identity and config, start-up errors that
 name the key to fix, and no dependency that nothing imports."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ framework. Two ways to get them (docs/stages.md, "Data per harness"):
   own dataset. The same sequence id in Chat, Mem0 and MemOS is three independent lineages; its lineage
   id (the cursor key, the bank lineage key, part of the trajectory ids) is "<harness>:<sequence>".
 - `data.path`, the single-dataset shorthand (one window list): each sequence is bound to one harness
-  round-robin; its lineage id is the sequence id (as before issue 18, so old runs resume unchanged).
+  round-robin; its lineage id is the sequence id (as in runs made before per-harness data, so they resume unchanged).
 
 The units are the schedule manifest, written to the run directory and reconciled with the declared
 harness set at start-up (silent failure 4: a declared configuration with no data, or data for an

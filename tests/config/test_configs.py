@@ -36,7 +36,7 @@ def test_there_are_experiments():
     # one overlay per ablation the report lists as not done (reward knobs)
     assert {f"ablation_{a}" for a in ("window_level_grpo", "broadcast_orm", "no_traps", "no_growth_penalty",
                                       "binary_reward")} <= names  # fmt: skip
-    assert "ablation_one_vote_loss" in names  # the loss's sequence unit (issue 18 section 3)
+    assert "ablation_one_vote_loss" in names  # the loss's sequence unit
 
 
 def test_full_size_harness_mix_and_bounds():
@@ -165,7 +165,7 @@ def test_full_size_recipe_numbers():
     assert opd.engine.kind == "vllm" and opd.engine.max_model_len >= 28_672 + 4_096
     rl = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig)
     assert (rl.rl.num_windows_per_step, rl.rl.num_rollouts_per_window) == (64, 8)
-    # context budgets per call (issue 18 section 2): 28,672 prompt + 4,096 response, every harness
+    # context budgets per call: 28,672 prompt + 4,096 response, every harness
     for stage in (opd, rl):
         assert (stage.gateway.max_prompt_tokens, stage.gateway.max_response_tokens) == (28_672, 4_096)
         assert stage.gateway.prompt_over_cap == "drop_chunk"

@@ -1,4 +1,4 @@
-"""Bad input a new user feeds the data build (issue 18 section 4): each gives one clear message, and each
+"""Bad input a new user feeds the data build: each gives one clear message, and each
 test asserts the guard's own message (it fails without the guard)."""
 
 from __future__ import annotations

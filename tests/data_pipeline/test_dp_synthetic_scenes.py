@@ -1,5 +1,5 @@
-"""Synthetic working (tool calls) and coding (diffs) episodes, mixed by `SyntheticConfig.mix` (issue 18
-section 1), with gold facts, probes, traps and ORM questions by construction; the default (chat alone)
+"""Synthetic working (tool calls) and coding (diffs) episodes, mixed by `SyntheticConfig.mix`,
+with gold facts, probes, traps and ORM questions by construction; the default (chat alone)
 output is byte-identical to the generator before these kinds existed."""
 
 from __future__ import annotations

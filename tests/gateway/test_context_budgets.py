@@ -1,4 +1,4 @@
-"""Context budgets at the gateway (issue 18 section 2): the response budget clamps max_tokens, and a
+"""Context budgets at the gateway: the response budget clamps max_tokens, and a
 prompt over the cap is a counted, logged event handled by config (drop_chunk or truncate_left)."""
 
 import logging

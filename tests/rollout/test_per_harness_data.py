@@ -1,4 +1,4 @@
-"""Mixed-harness data as the report trains it (issue 18 section 1): each harness configuration declares
+"""Mixed-harness data as the report trains it: each harness configuration declares
 its dataset (`data.per_harness`), the same sequence runs in several harnesses as independent lineages,
 the schedule reconciles against the mapping (silent failure 4), and the stage prints the per-harness
 reward-data table. `data.path` stays the single-dataset shorthand (tests/rollout/test_rollout_worker.py)."""

@@ -1,4 +1,4 @@
-"""A short RL run under injected faults (issue: the two stages end to end, fault injection).
+"""A short RL run under injected faults.
 
 Injected: the sandbox of rollout 1 is SIGKILLed while it writes chunk 1 (and on every retry); the
 rollout worker process running rollout 3 exits at chunk 0 (Ray restarts it); the judge times out on every 4th call; the tiny policy writes malformed output on its own; rollout 0

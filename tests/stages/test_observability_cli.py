@@ -1,4 +1,4 @@
-"""A real stage CLI run as a cluster user sees it (issue 18 section 6): one line per step on stdout
+"""A real stage CLI run as a cluster user sees it: one line per step on stdout
 and in Hydra's log, Hydra's files in the run directory (no ./outputs in the working directory), and
 the resolved config in the wandb run."""
 

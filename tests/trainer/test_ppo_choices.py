@@ -1,4 +1,4 @@
-"""The PPO choices the report leaves open, as config values (issue 18 section 3): clip sides logged
+"""The PPO choices the report leaves open, as config values: clip sides logged
 apart (golden values by hand), PPO epochs / mini-batches per rollout batch, and the loss's sequence
 unit (segment or chunk)."""
 

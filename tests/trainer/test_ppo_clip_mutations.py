@@ -1,4 +1,4 @@
-"""Each side of the PPO clip binds where it should (issue 18: removing the lower clip passed
+"""Each side of the PPO clip binds where it should (removing the lower clip once passed
 `test_ppo_golden`, which has no token with ratio < 1 - clip_low and a negative advantage).
 
 Four tokens, one per (ratio side, advantage sign), clip 0.2/0.2:

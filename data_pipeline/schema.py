@@ -252,7 +252,7 @@ class Probe(Record):
     kind: ProbeKind  # one of the report's six probe types
     question: str  # asked of the bank through the harness's retrieval + the fixed answer model
     reference: str  # expected answer; NO_SUCH_RECORD for traps
-    rubric: str  # judge rubric: semantic conditions live here, never in string rules (failure 5)
+    rubric: str  # judge rubric: semantic conditions live here, never in string rules (silent failure string-rule-scoring)
     # trap: credit only when the answer says nothing was stored; kind is should_not_store for annotated
     # and synthetic traps, semantic_precision for LoCoMo's natural (adversarial) traps
     is_trap: bool = False

@@ -277,7 +277,7 @@ class HarnessDatasets:
     def of(self, harness: str) -> BuiltDataset:
         if harness not in self.by_harness:
             raise KeyError(
-                f"no dataset for harness {harness!r}, have {sorted(self.by_harness)} (silent failure 4)"
+                f"no dataset for harness {harness!r}, have {sorted(self.by_harness)} (silent failure harness-unscheduled)"
             )
         return self.by_harness[harness]
 

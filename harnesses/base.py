@@ -54,20 +54,20 @@ class BankStateError(HarnessError):
 
 
 class IdentityError(HarnessError):
-    """A request carries another sandbox's / trajectory's identity (silent failure 8)."""
+    """A request carries another sandbox's / trajectory's identity (silent failure shared-identity)."""
 
 
 class PlatformError(HarnessError):
-    """The framework, its store or the sandbox process failed; never scored (silent failure 7)."""
+    """The framework, its store or the sandbox process failed; never scored (silent failure platform-error-as-reward)."""
 
 
 # --------------------------------------------------------------------------------------------- types
 class WriteStatus(enum.StrEnum):
     OK = "ok"
     # the policy's output was malformed or unusable (incl. zero memories after lenient JSON repair):
-    # a valid trajectory that gets a low reward (silent failure 9)
+    # a valid trajectory that gets a low reward (silent failure malformed-as-platform-error)
     POLICY_ERROR = "policy_error"
-    # framework / store / process / timeout failure: retried, and if it persists excluded (silent failure 7)
+    # framework / store / process / timeout failure: retried, and if it persists excluded (silent failure platform-error-as-reward)
     PLATFORM_ERROR = "platform_error"
 
 
@@ -135,7 +135,7 @@ class Endpoint:
     """An OpenAI-compatible endpoint (the gateway). `api_key` is the per-trajectory credential."""
 
     base_url: str  # e.g. http://127.0.0.1:8000/v1
-    api_key: str  # the gateway checks it against the trajectory and bank (silent failure 8)
+    api_key: str  # the gateway checks it against the trajectory and bank (silent failure shared-identity)
     model: str  # model name sent in requests
     timeout_s: float = 120.0  # per request; a timeout is a platform error
 
@@ -335,7 +335,7 @@ class Harness(abc.ABC):
 
     Lifecycle: `open(bank_dir, create=...)` -> `write_chunk`/`read_all`/`count`/`search` -> `close()`.
     `fork(src, dsts)` works on closed banks only. `read_all()` must return *every* entry and equal
-    `count()` (silent failure 6: default page sizes and hidden caps).
+    `count()` (silent failure capped-read-all: default page sizes and hidden caps).
     """
 
     framework: str = ""  # registry name, set by subclasses
@@ -361,7 +361,7 @@ class Harness(abc.ABC):
 
         `messages` are OpenAI-style turns; `date` is the chunk's session date (ISO string);
         `chunk_index` is forwarded to the gateway (header `X-Hymem-Chunk-Index`) so each LLM call
-        lands in the right chunk's segment (silent failure 3). Never raises for policy output or
+        lands in the right chunk's segment (silent failure chunk-unmapped). Never raises for policy output or
         platform faults: those come back as the result's status.
         """
 
@@ -412,7 +412,7 @@ class Harness(abc.ABC):
 
 
 def checked_read_all(entries: list[MemoryEntry], count: int, where: str) -> list[MemoryEntry]:
-    """Silent failure 6: a listing that silently paginates or caps must fail loudly."""
+    """Silent failure capped-read-all: a listing that silently paginates or caps must fail loudly."""
     if len(entries) != count:
         raise PlatformError(f"{where}: read_all returned {len(entries)} entries but count() is {count}")
     return entries

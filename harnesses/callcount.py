@@ -4,7 +4,7 @@ Installed in a sandbox process only. Every mem0/MemOS/hy-memory LLM request goes
 `httpx`/`httpx2` client (the openai SDK); we wrap `Client.send` / `AsyncClient.send` so that
 - each `/chat/completions` request to the gateway is counted (WriteResult.num_llm_calls), and
 - it carries `X-Hymem-Chunk-Index`, so the gateway files the segment under the right chunk
-  (silent failure 3) even though the framework builds its own requests.
+  (silent failure chunk-unmapped) even though the framework builds its own requests.
 Requests to other hosts are counted separately: an offline harness must make none (test asserts).
 """
 
@@ -46,7 +46,7 @@ class CallCounter:
 
     def record_reply(self, body: bytes) -> None:
         """Keep the assistant content of a chat reply, so an adapter can judge the policy's output
-        itself instead of trusting a framework that repairs or swallows malformed JSON (silent failure 9)."""
+        itself instead of trusting a framework that repairs or swallows malformed JSON (silent failure malformed-as-platform-error)."""
         try:
             content = json.loads(body)["choices"][0]["message"].get("content")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):

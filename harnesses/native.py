@@ -4,7 +4,7 @@ One LLM call per chunk: the prompt holds the chunk and the top-k existing memori
 the chunk's words); the reply is JSON operations ADD / UPDATE / DELETE / NONE, applied in one SQLite
 transaction (nothing half-written). Prompts are short so a tiny model can learn the format on CPU.
 
-Parsing is lenient but honest (silent failure 9): code fences, prose around the JSON, trailing
+Parsing is lenient but honest (silent failure malformed-as-platform-error): code fences, prose around the JSON, trailing
 commas and a bare list of ops are accepted; but a reply that only parsed after repair and yields no
 memory change is a POLICY_ERROR, never "success with zero memories". A reply that parsed cleanly
 and says NONE is a legitimate ok (nothing worth storing).
@@ -327,7 +327,7 @@ class NativeHarness(Harness):
         changes = added + updated + deleted
         detail = "; ".join(invalid)[:500] or None
         if changes == 0 and (parsed.repaired or invalid or nones == 0):
-            # silent failure 9: "success with zero memories" after lenient repair is policy behaviour
+            # silent failure malformed-as-platform-error: "success with zero memories" after lenient repair is policy behaviour
             why = "repaired JSON" if parsed.repaired else ("only invalid ops" if invalid else "empty op list")
             return WriteResult(
                 WriteStatus.POLICY_ERROR, 1, f"no memory change from {why}: {detail or reply[:120]!r}"

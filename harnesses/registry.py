@@ -40,7 +40,7 @@ class HarnessConfig:
     scene: str = "default"  # framework sub-mode; hy_memory: chat | working | coding
     in_process: bool = False  # native only: run in the caller's process (fast tests, embedded default)
     venv_root: str = ".venvs"  # per-framework venvs live in <venv_root>/<framework> (relative to repo root)
-    num_retries: int = 1  # platform-error retries per write (bank restored before each; silent failure 7)
+    num_retries: int = 1  # platform-error retries per write (bank restored before each; silent failure platform-error-as-reward)
     # copy the bank aside before each write (close, copy, reopen) so a platform error can restore it;
     # off = faster writes, but a failed write leaves the bank unusable (the rollout must drop it)
     snapshot_before_write: bool = True
@@ -74,7 +74,7 @@ def make_harness(
     """The harness the rollout code drives: in-process native, or a sandbox client for the rest.
 
     `sandbox_root` is the only directory the sandbox may touch; `sandbox_id` is its identity
-    (the trajectory id), checked on every RPC (silent failure 8).
+    (the trajectory id), checked on every RPC (silent failure shared-identity).
     """
     cfg.validate()
     if cfg.in_process:

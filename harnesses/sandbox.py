@@ -2,7 +2,7 @@
 
 Why a process per sandbox: the frameworks' pins conflict (MemOS needs
 transformers<5), a framework crash must not take the rollout worker down, and a dead process is
-unambiguous evidence of a platform fault (silent failure 7) rather than an empty bank.
+unambiguous evidence of a platform fault (silent failure platform-error-as-reward) rather than an empty bank.
 
 Protocol (one JSON object per line):
     client -> server  {"init": {...}}                       once, first line
@@ -12,7 +12,7 @@ Protocol (one JSON object per line):
 
 Guarantees:
 - The server only touches paths under its sandbox root; any other path is refused.
-- A request carrying another sandbox's id is refused and nothing runs (silent failure 8).
+- A request carrying another sandbox's id is refused and nothing runs (silent failure shared-identity).
 - The framework's own prints cannot corrupt the protocol: fd 1 is moved to the log before import.
 - Client side: EOF / exit / timeout of the server -> PLATFORM_ERROR. Each write is preceded by a
   snapshot of the bank; a platform error restores it (never a half-written bank), restarts the

@@ -45,7 +45,7 @@ class DataRef:
                 "data.path / data.per_harness: set exactly one (data.path=DIR: one built dataset for every "
                 "harness; data.per_harness.<harness>=DIR: a dataset per harness configuration)"
             )
-        if self.per_harness and declared:  # silent failure 4, caught before any work
+        if self.per_harness and declared:  # silent failure harness-unscheduled, caught before any work
             reconcile_data(self.per_harness, declared, where="data.per_harness")
 
 
@@ -218,7 +218,7 @@ class RlConfig(StageConfig):
                 f"{self.rollout.mode!r} does one of them only; want rollout.mode=train"
             )
         missing = sorted(set(self.harnesses) - set(self.reward.scoring.growth_bounds))
-        if missing:  # silent failure 4, caught before any work
+        if missing:  # silent failure harness-unscheduled, caught before any work
             raise ValueError(f"reward.scoring.growth_bounds has no bounds for declared harness(es) {missing}")
 
 

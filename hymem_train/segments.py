@@ -26,14 +26,14 @@ NOT_ROUTED = -1  # sentinel: position that must not be replayed (see models/rout
 @dataclass
 class Segment:
     trajectory_id: str  # rollout identity the gateway credential maps to
-    chunk_index: int  # sequence-level Chunk.index (data_pipeline.schema) this call served (failure 3)
+    chunk_index: int  # sequence-level Chunk.index (data_pipeline.schema) this call served (silent failure chunk-unmapped)
     call_index: int  # order of this call within the chunk's write
     prompt_ids: list[int]  # exact ids fed to the engine (chat template applied by the gateway)
     response_ids: list[int]  # exact ids the engine sampled, EOS included when it stopped
     logprobs: list[float]  # sampling logprob of each response id under the rollout policy
     finish_reason: str  # "stop" | "length"
     routed_experts_TLK: np.ndarray | None = None  # int16 [P+R, L, K] or None (dense / not captured)
-    bank_id: str = ""  # bank the trajectory writes into (identity check, failure 8)
+    bank_id: str = ""  # bank the trajectory writes into (identity check, silent failure shared-identity)
     policy_version: int = 0  # weight version that produced the tokens (weight sync counter)
     meta: dict[str, Any] = field(default_factory=dict)
 

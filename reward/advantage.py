@@ -3,7 +3,7 @@
 Legend: G = rollouts of the group, C = chunks of the window, S = segments (LLM calls) of a rollout.
 `scores_GC[i][t]` is s_i[t]; `valid_GC[i][t]` is False where that cell is a platform fault
 (failed rollout, or every judge call of the cell faulted): such cells are left out of the mean
-and std and get advantage 0 (silent failure 7).
+and std and get advantage 0 (silent failure platform-error-as-reward).
 """
 
 from __future__ import annotations

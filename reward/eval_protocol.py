@@ -3,7 +3,7 @@ scored (the published judge prompt, or a local scorer where the benchmark's metr
 
 `python -m hymem_train.evaluate` looks a benchmark up in `METRICS` by its `EvalItem.benchmark` value.
 Judge replies are parsed strictly: a reply that breaks the contract is retried by `ChatClient` and
-then becomes a `Fault` (a counted failure excluded from the mean), never a 0 (silent failure 7).
+then becomes a `Fault` (a counted failure excluded from the mean), never a 0 (silent failure platform-error-as-reward).
 
 Sources of the prompts (docs/evaluation.md, "Protocol"): LoCoMo's judge is the one the Mem0 paper
 published and every LoCoMo "J" score since uses (mem0ai/mem0 `evaluation/metrics/llm_judge.py`);

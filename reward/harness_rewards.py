@@ -35,7 +35,9 @@ class HarnessRewards:
                 for i, r in zip(idx, svc.score_groups([groups[i] for i in idx], scoring), strict=True):
                     out[i] = r
         missing = [groups[i].harness for i, r in enumerate(out) if r is None]
-        if missing:  # silent failure 4: a group of an undeclared harness must not pass unscored
+        if (
+            missing
+        ):  # silent failure harness-unscheduled: a group of an undeclared harness must not pass unscored
             raise ValueError(f"no reward service for harness(es) {sorted(set(missing))}")
         return out  # type: ignore[return-value]
 

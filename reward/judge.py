@@ -4,7 +4,7 @@
   never sees the reference, the rubric or the gold facts.
 - The judge scores an answer against the reference with the item's rubric. Semantic conditions
   (paraphrase, partial credit, "says nothing was stored" for traps) live in the rubric and the
-  judge model, never in string rules in this code (silent failure 5).
+  judge model, never in string rules in this code (silent failure string-rule-scoring).
 - Gold facts go only to the outcome (ORM) judge, which also says which of them were recovered.
 - `ExactMatchScorer` exists only for synthetic data whose answers are atomic by construction; it
   refuses any dataset whose manifest does not declare `answers_atomic`. It scores an ORM question
@@ -215,7 +215,7 @@ class ExactMatchScorer:
     """Judge stand-in for synthetic data only: 1 if the answer equals the reference, else 0.
 
     Refuses a dataset whose manifest does not declare `answers_atomic`: on natural data a paraphrase
-    would score 0 and that would be a string rule deciding a semantic question (silent failure 5).
+    would score 0 and that would be a string rule deciding a semantic question (silent failure string-rule-scoring).
 
     An ORM question is scored per gold fact (`recovered_gold_facts`): where the reference is its gold
     facts' atomic answers "; "-joined in order ("Lisbon; Oslo; Lisbon", "penicillin; blue"), the

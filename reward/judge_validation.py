@@ -17,7 +17,7 @@ Traps are skipped: their reference *is* a refusal.
 The judge is any object with `score_probes(items)` / `score_questions(items)` in the reward package's
 contract (`reward.judge.LlmJudge` over an OpenAI-compatible endpoint is what `endpoint_judge`
 builds): this validates the very prompts and parsers the RL reward uses. A Fault (judge outage,
-unparsable verdict) is counted and excluded, never read as a score (silent failure 7).
+unparsable verdict) is counted and excluded, never read as a score (silent failure platform-error-as-reward).
 
 It runs inside the data build, which sits below reward and does not import it (docs/architecture.md):
 

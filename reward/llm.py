@@ -3,7 +3,7 @@
 The reader and the judge are frozen models (vLLM on GPU, the HF engine on CPU); both are reached
 through `ChatClient`. A call that times out, fails at the transport / server, or returns a reply its
 parser rejects is retried `num_retries` times; if it still fails it comes back as a `Fault`, which
-the reward code excludes from every denominator and counts (silent failure 7): a judge outage must
+the reward code excludes from every denominator and counts (silent failure platform-error-as-reward): a judge outage must
 never read as a 0 for the policy. Only a misconfigured endpoint (401 / 403 / 404: wrong key, URL
 or model) raises, because it would otherwise exclude every item of every group quietly.
 

@@ -6,7 +6,7 @@ bank state right after that chunk's write, its size in tokens, and the write sta
 
 Chunk indices are sequence-level `Chunk.index` values everywhere (data_pipeline.schema); the window
 maps them to positions 0..C-1. A probe, gold fact or segment that maps to no chunk of the window
-raises (silent failure 3): one score broadcast over unmapped items would train on the wrong chunk.
+raises (silent failure chunk-unmapped): one score broadcast over unmapped items would train on the wrong chunk.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ CHUNK_STATUSES = ("ok", "policy_error", "platform_error")  # = harnesses.base.Wr
 
 
 class ChunkMappingError(ValueError):
-    """An item (probe, gold fact, segment, snapshot) with no chunk of the window (silent failure 3)."""
+    """An item (probe, gold fact, segment, snapshot) with no chunk of the window (silent failure chunk-unmapped)."""
 
 
 @dataclass
@@ -39,7 +39,9 @@ class RolloutRecord:
     trajectory_id: str  # the rollout's identity (gateway credential; segments carry it)
     chunks: list[ChunkSnapshot]  # one per window chunk, in window order
     status: str = "ok"  # rollout-level status (a crashed worker is platform_error even if chunks look ok)
-    segment_chunks: list[int | None] = field(default_factory=list)  # Chunk.index of each LLM call (failure 3)
+    segment_chunks: list[int | None] = field(
+        default_factory=list
+    )  # Chunk.index of each LLM call (silent failure chunk-unmapped)
 
     @property
     def effective_status(self) -> str:
@@ -80,7 +82,7 @@ def probe_position(window: Window, probe: Probe) -> int:
     if probe.sequence_id != window.sequence_id or probe.chunk_index not in pos:
         raise ChunkMappingError(
             f"window {window.window_id}: probe {probe.probe_id} maps to chunk {probe.sequence_id}:"
-            f"{probe.chunk_index}, not a chunk of this window {window.chunk_indices} (silent failure 3)"
+            f"{probe.chunk_index}, not a chunk of this window {window.chunk_indices} (silent failure chunk-unmapped)"
         )
     return pos[probe.chunk_index]
 
@@ -90,7 +92,7 @@ def gold_fact_positions(window: Window, question: OrmQuestion) -> list[int | Non
     if question.sequence_id != window.sequence_id or question.window_index != window.index:
         raise ChunkMappingError(
             f"window {window.window_id}: question {question.question_id} belongs to window "
-            f"{question.window_id} (silent failure 3)"
+            f"{question.window_id} (silent failure chunk-unmapped)"
         )
     pos = chunk_positions(window)
     first = window.chunk_indices[0]
@@ -103,7 +105,7 @@ def gold_fact_positions(window: Window, question: OrmQuestion) -> list[int | Non
         else:
             raise ChunkMappingError(
                 f"window {window.window_id}: question {question.question_id} gold_facts[{f}].source_chunk="
-                f"{g.source_chunk} lies after the window {window.chunk_indices} (silent failure 3)"
+                f"{g.source_chunk} lies after the window {window.chunk_indices} (silent failure chunk-unmapped)"
             )
     return out
 
@@ -118,7 +120,7 @@ def validate_group(group: RolloutGroup) -> None:
         if got != list(w.chunk_indices):
             raise ChunkMappingError(
                 f"window {w.window_id}: rollout {i} ({r.trajectory_id}) has snapshots for chunks {got}, "
-                f"want {w.chunk_indices} (silent failure 3)"
+                f"want {w.chunk_indices} (silent failure chunk-unmapped)"
             )
         for c in r.chunks:
             if c.status not in CHUNK_STATUSES:
@@ -131,7 +133,7 @@ def validate_group(group: RolloutGroup) -> None:
             if ci is None or ci not in w.chunk_indices:
                 raise ChunkMappingError(
                     f"window {w.window_id}: rollout {i} ({r.trajectory_id}) segment {s} has chunk index "
-                    f"{ci!r}, not a chunk of this window {w.chunk_indices} (silent failure 3)"
+                    f"{ci!r}, not a chunk of this window {w.chunk_indices} (silent failure chunk-unmapped)"
                 )
     for p in group.probes:
         probe_position(w, p)

@@ -1,4 +1,4 @@
-"""Start-up reconciliation of the harness schedule against the declared harness set (silent failure 4).
+"""Start-up reconciliation of the harness schedule against the declared harness set (silent failure harness-unscheduled).
 
 A harness configuration that is declared for training but never appears in the schedule manifest
 would silently drop out of mixed-harness training (and its growth bounds would never be checked).
@@ -53,7 +53,7 @@ def reconcile_schedule(
         if no_bounds:
             problems.append(f"no reward growth_bounds for: {no_bounds}")
     if problems:
-        raise ScheduleError(f"{where}: " + "; ".join(problems) + " (silent failure 4)")
+        raise ScheduleError(f"{where}: " + "; ".join(problems) + " (silent failure harness-unscheduled)")
     total = sum(weights.values())
     return {k: v / total for k, v in sorted(weights.items())}
 
@@ -63,7 +63,7 @@ def reconcile_data(
 ) -> None:
     """Check that the per-harness data covers exactly the declared harness configurations: a declared
     harness with no dataset would never be scheduled, a dataset for an undeclared harness would never be
-    trained on, and neither may pass silently (silent failure 4). Raises naming every one."""
+    trained on, and neither may pass silently (silent failure harness-unscheduled). Raises naming every one."""
     declared_set = set(declared)
     no_data = sorted(declared_set - set(per_harness))
     undeclared = sorted(set(per_harness) - declared_set)
@@ -76,4 +76,4 @@ def reconcile_data(
     if undeclared:
         problems.append(f"dataset(s) for undeclared harness(es): {undeclared}")
     if problems:
-        raise ScheduleError(f"{where}: " + "; ".join(problems) + " (silent failure 4)")
+        raise ScheduleError(f"{where}: " + "; ".join(problems) + " (silent failure harness-unscheduled)")

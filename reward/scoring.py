@@ -27,8 +27,8 @@ from reward.terms import (
 ROLLOUT_STATUSES = ("ok", "policy_error", "platform_error")
 ORM_MODES = ("attributed", "broadcast")
 SCORE_MODES = ("rubric", "binary")
-# How a chunk whose write was malformed policy output (silent failure 9) is scored:
-#   "floor": prm[t] = orm[t] = 0 (silent failure 9, docs/glossary.md: "a valid trajectory with low reward");
+# How a chunk whose write was malformed policy output (silent failure malformed-as-platform-error) is scored:
+#   "floor": prm[t] = orm[t] = 0 (silent failure malformed-as-platform-error, docs/glossary.md: "a valid trajectory with low reward");
 #   "bank":  whatever its unchanged bank earns (our first reading; kept as an ablation).
 # With "bank", garbage earns every trap an unchanged bank passes, so it costs nothing over a wrong write
 # and GRPO reinforced it (docs/log/findings.md, "Reward: scoring a malformed write by its unchanged bank").
@@ -197,7 +197,7 @@ def score_group(
             orm_C, orm_ok = orm_broadcast(r.recovered_QF, C, binary_threshold=binthr)
         if cfg.malformed_score == "floor":
             for t, bad in enumerate(r.policy_error_C):
-                if bad:  # low reward, valid cell (never excluded: failure 9 is not an environment error)
+                if bad:  # low reward, valid cell (never excluded: silent failure malformed-as-platform-error is not an environment error)
                     prm_C[t], prm_ok[t], orm_C[t], orm_ok[t] = 0.0, True, 0.0, True
         if not failed:
             n_q += len(r.recovered_QF)

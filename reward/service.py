@@ -5,10 +5,10 @@ with that chunk's probes (PRM), search the final bank with the window's ORM ques
 batched round of reader calls and one batched round of judge calls. Per group (driver side): the
 pure math of `reward.scoring` turns the judged rollouts into prm/orm/pen, s[t], A[i,t] and metrics.
 
-Fault handling (governing rule, silent failure 7): a platform-failed rollout is not searched, read
+Fault handling (governing rule, silent failure platform-error-as-reward): a platform-failed rollout is not searched, read
 or judged, and is excluded from the group's mean/std; a bank that cannot be opened or searched, and
 a reader/judge call that fails after bounded retries, excludes that item and is counted. A
-policy_error chunk (malformed policy output, silent failure 9) is a valid cell with low reward:
+policy_error chunk (malformed policy output, silent failure malformed-as-platform-error) is a valid cell with low reward:
 prm = orm = 0 (`scoring.malformed_score: floor`; "bank" = whatever its unchanged bank earns).
 
 Legend: G = rollouts, C = chunks of the window.
@@ -136,12 +136,14 @@ def judge_rollout(
     """Search, read and judge every probe and question of one rollout (no Ray; the actor calls this).
 
     `skip_malformed` (scoring.malformed_score=floor): the probes of a policy_error chunk are not
-    searched, read or judged; its prm is fixed at 0 whatever they would say (silent failure 9)."""
+    searched, read or judged; its prm is fixed at 0 whatever they would say (silent failure malformed-as-platform-error)."""
     w = group.window
     C = len(w.chunk_indices)
     status = record.effective_status
     stats: Counter[str] = Counter()
-    if status == "platform_error":  # excluded whole: nothing to read or judge (silent failure 7)
+    if (
+        status == "platform_error"
+    ):  # excluded whole: nothing to read or judge (silent failure platform-error-as-reward)
         judged = JudgedRollout(
             status,
             [[] for _ in range(C)],
@@ -334,7 +336,7 @@ class RewardService:
         `scoring` replaces the service's scoring config for this call (held-out evaluation)."""
         sc = scoring or self.cfg.scoring
         for g in groups:
-            validate_group(g)  # silent failure 3 raises here, before any call is made
+            validate_group(g)  # silent failure chunk-unmapped raises here, before any call is made
         refs = [ray.put(g) for g in groups]  # shipped once, not once per rollout
         tasks = [(gi, i) for gi, g in enumerate(groups) for i in range(len(g.rollouts))]
         out = list(

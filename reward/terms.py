@@ -1,7 +1,7 @@
 """Per-chunk reward terms of one rollout: prm[t], orm[t], pen[t].
 
 Pure functions, numbers in, numbers out. A judge fault is the value `FAULT` (NaN): it is left out
-of every denominator (silent failure 7, governing rule), never read as a 0 for the policy. Each
+of every denominator (silent failure platform-error-as-reward, governing rule), never read as a 0 for the policy. Each
 term comes back as `(value, valid)`; `valid=False` means every item of the cell faulted, so the
 cell carries no information about the policy and the advantage code must exclude it.
 

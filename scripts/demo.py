@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/demo.py                 # data -> SFT teacher -> OPD -> RL -> runs/demo/report.md
     .venv/bin/python scripts/demo.py --gateway-only  # the foundation demo: gateway + recorded segments
-    .venv/bin/python scripts/demo.py --root runs/demo2
+    .venv/bin/python scripts/demo.py --root runs/demo_s1 --data-seed 1 --run-seed 1   # another seed pair
 
 The logic lives in scripts/demo_lib/pipeline.py and scripts/demo_lib/gateway.py (demo code, kept out
 of the hymem_train package).
@@ -21,6 +21,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--gateway-only", action="store_true")
     ap.add_argument("--root", default="runs/demo")
+    ap.add_argument("--data-seed", type=int, default=0, help="draws the data and the pretraining corpus")
+    ap.add_argument(
+        "--run-seed", type=int, default=0, help="seeds every training run (a seed pair with --data-seed)"
+    )
     args = ap.parse_args()
     if args.gateway_only:
         from scripts.demo_lib.gateway import run_gateway_demo
@@ -30,4 +34,4 @@ if __name__ == "__main__":
         from scripts.demo_lib.pipeline import run_demo
 
         shutil.rmtree(args.root, ignore_errors=True)  # every `make demo` starts from a clean slate
-        run_demo(args.root)
+        run_demo(args.root, data_seed=args.data_seed, run_seed=args.run_seed)

@@ -42,21 +42,21 @@ class Mutation:
 
 
 MUTATIONS: tuple[Mutation, ...] = (
-    Mutation(  # silent failure 1: every window starts from an empty bank
+    Mutation(  # silent failure bank-not-carried: every window starts from an empty bank
         "failure1_parent_bank_none",
         "hymem_train/rollout/collector.py",
         "parent = self.lineage.parent(lid, sw.epoch, w.index)",
         "parent = None",
         ("tests/rollout/test_collector.py::test_next_window_starts_from_the_promoted_bank",),
     ),
-    Mutation(  # silent failure 7: a platform-failed rollout scored as policy behaviour
+    Mutation(  # silent failure platform-error-as-reward: a platform-failed rollout scored as policy behaviour
         "failure7_platform_rollout_scored",
         "reward/scoring.py",
         "        if failed:\n            ok_C = [False] * C\n",
         "",
         ("tests/reward/test_reward_scoring.py::test_platform_error_rollout_is_never_scored",),
     ),
-    Mutation(  # silent failure 7: platform-failed rollouts kept for training
+    Mutation(  # silent failure platform-error-as-reward: platform-failed rollouts kept for training
         "failure7_usable_keeps_platform_errors",
         "hymem_train/rollout/collector.py",
         "return [(i, r) for i, r in enumerate(self.results) if r.record.status != PLATFORM_ERROR]",
@@ -80,7 +80,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "segs = [s for g in groups for r in g.results for s in r.segments]",
         ("tests/rollout/test_collector.py::test_platform_failed_rollouts_are_not_trained_on",),
     ),
-    Mutation(  # silent failure 7: a killed sandbox reported as an OK write (no retry, no restore)
+    Mutation(  # silent failure platform-error-as-reward: a killed sandbox reported as an OK write (no retry, no restore)
         "failure7_sandbox_crash_reported_ok",
         "harnesses/sandbox.py",
         'return WriteResult(WriteStatus.PLATFORM_ERROR, 0, f"{e} (after {time.monotonic() - t0:.1f} s)")',
@@ -108,7 +108,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/trainer/test_ppo_clip_mutations.py::test_upper_clip_binds_for_positive_advantage",
         ),
     ),
-    Mutation(  # silent failure 6: read_all stops after the first scroll page
+    Mutation(  # silent failure capped-read-all: read_all stops after the first scroll page
         "mem0_pagination",
         "harnesses/adapters/mem0.py",
         "            if offset is None:\n                break\n",
@@ -132,19 +132,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/trainer/test_engine_dist.py::test_opd_step_on_one_rank_logs_support_metrics",),
         slow=True,
     ),
-    Mutation(  # silent failure 2: no top-k guard in opd_items
+    Mutation(  # silent failure teacher-without-topk: no top-k guard in opd_items
         "no_topk_guard_items",
         "hymem_train/trainer/items.py",
         "if tk is None or tk.ids_TK is None or tk.ids_TK.numel() == 0:",
         "if False:",
         ("tests/trainer/test_items.py::test_opd_items_raise_on_missing_or_short_teacher_answer",),
     ),
-    Mutation(  # silent failure 2: no top-k guard in packing
+    Mutation(  # silent failure teacher-without-topk: no top-k guard in packing
         "no_topk_guard_packing",
         "hymem_train/trainer/packing.py",
         "if ids is None or lps is None or np.size(ids) == 0:",
         "if False:",
-        ("tests/trainer/test_packing.py::test_opd_without_teacher_topk_raises_failure_2",),
+        ("tests/trainer/test_packing.py::test_opd_without_teacher_topk_raises",),
     ),
     Mutation(  # CI time: DeepSpeed's CPU shared-memory op compiled at every comm init on a new box
         "deepspeed_shm_op_built",
@@ -154,35 +154,35 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/trainer/test_engine_dist.py::test_cpu_comm_init_skips_deepspeeds_shared_memory_op",),
         slow=True,
     ),
-    Mutation(  # silent failure 11: a replica loads every bucket but never finishes the sync
+    Mutation(  # silent failure wrong-logits-after-sync: a replica loads every bucket but never finishes the sync
         "replica_sync_never_finished",
         "hymem_train/trainer/weight_group.py",
         "        engine.finish_sync(version)\n",
         "        pass\n",
         ("tests/trainer/test_weight_group.py::test_broadcast_wire_format_roundtrip",),
     ),
-    Mutation(  # silent failure 14: a restart with no checkpoint keeps the killed step's cursor
+    Mutation(  # silent failure resume-skips-windows: a restart with no checkpoint keeps the killed step's cursor
         "restart_keeps_killed_cursor",
         "hymem_train/stage.py",
         "            stage.scheduler.start_over()\n",
         "            pass\n",
         ("tests/stages/test_stages_cli.py::test_rl_kill9_then_resume_reproduces_the_uninterrupted_run",),
     ),
-    Mutation(  # silent failure 14: starting over leaves the cursor where it was
+    Mutation(  # silent failure resume-skips-windows: starting over leaves the cursor where it was
         "start_over_keeps_cursor",
         "hymem_train/rollout/scheduler.py",
         '        self.restore({"cursor": dict.fromkeys(self.keys, 0), "epoch": dict.fromkeys(self.keys, 0), "rr": 0})\n',
         "        self.restore(self.state())\n",
         ("tests/rollout/test_rollout_worker.py::test_a_scheduler_starts_over_without_a_checkpoint",),
     ),
-    Mutation(  # silent failure 13: a segment stamped with the engine's version after the fact
+    Mutation(  # silent failure request-straddles-sync: a segment stamped with the engine's version after the fact
         "segment_version_from_engine_attribute",
         "hymem_train/gateway/server.py",
         "policy_version=out.policy_version if out.policy_version is not None else self.engine.policy_version,",
         "policy_version=self.engine.policy_version,",
         ("tests/gateway/test_continuous.py::test_a_segment_carries_the_version_its_engine_stamped",),
     ),
-    # the vLLM engine's gate around a weight sync (silent failure 13); the vLLM tier's
+    # the vLLM engine's gate around a weight sync (silent failure request-straddles-sync); the vLLM tier's
     # test_a_sync_waits_for_requests_in_flight_and_holds_new_ones fails on each of them too, run with
     # `.venvs/vllm_cpu/bin/python scripts/mutations.py --only ... --tests <that node id>`
     Mutation(

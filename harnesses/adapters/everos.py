@@ -28,7 +28,7 @@ boundary reply, brace balancing for the others) and raise ValueError when it is 
 the schema keys. We classify with the framework's own verdict: a ValueError raised by an everalgo
 parser (in the flush, or as an OME run's dead letter) -> POLICY_ERROR; an LLM transport error
 (`everalgo.llm.errors.LLMError`: HTTP error, timeout, 401/403), any other exception, or an OME
-run that dies of anything else -> PLATFORM_ERROR (silent failures 7 and 9). A write whose
+run that dies of anything else -> PLATFORM_ERROR (silent failures platform-error-as-reward and malformed-as-platform-error). A write whose
 replies needed EverOS's JSON cut-out (text around the object) and stored nothing -> POLICY_ERROR.
 
 Sampling: EverOS sends temperature 0.0 (everalgo LLMConfig default); `[llm].extra` overrides it
@@ -474,7 +474,7 @@ class EverOSHarness(Harness):
             return WriteResult(
                 WriteStatus.POLICY_ERROR,
                 n_calls,
-                "zero memories from repaired JSON (silent failure 9)",
+                "zero memories from repaired JSON (silent failure malformed-as-platform-error)",
                 **delta,
             )
         return WriteResult(WriteStatus.OK, n_calls, None, **delta)

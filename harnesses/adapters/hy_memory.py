@@ -13,11 +13,11 @@ Write path: `HyMemoryClient.add(messages, scene=..., memory_at=<chunk date>)`.
 
 Malformed output, what hy-memory does by itself: fenced/braced JSON, then `json_repair`; a reply
 that json_repair turns into *any* dict is a "success" with zero memories. We capture every chat
-reply (harnesses.callcount) and judge the extraction reply ourselves (silent failure 9).
+reply (harnesses.callcount) and judge the extraction reply ourselves (silent failure malformed-as-platform-error).
 
 Traps: `list_memories` and `memory_stats` both go through `list_by_user(limit=10000)`: a hidden
 10,000 cap. `read_all` lifts the cap explicitly (limit = independent count + 1) and `count` asks
-Chroma directly, so a capped listing cannot agree with it by accident (silent failure 6).
+Chroma directly, so a capped listing cannot agree with it by accident (silent failure capped-read-all).
 
 Canonical entry text (size_tokens): chat: the node's `content` for ACTIVE non-raw nodes (the raw
 L1 conversation is not the writer's output); working/coding: experience `task\\nsolution` and
@@ -405,7 +405,9 @@ class HyMemoryHarness(Harness):
         changes = self._num_changes(res, n_before)
         if repaired and changes == 0:
             return WriteResult(
-                WriteStatus.POLICY_ERROR, n_calls, "zero memories from repaired JSON (silent failure 9)"
+                WriteStatus.POLICY_ERROR,
+                n_calls,
+                "zero memories from repaired JSON (silent failure malformed-as-platform-error)",
             )
         ops = res.get("ops_summary") or {}
         return WriteResult(

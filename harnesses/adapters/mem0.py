@@ -6,14 +6,14 @@ ADDITIVE_EXTRACTION_PROMPT (~34 KB system prompt) expecting `{"memory": [{"id", 
 then batch-embed the new texts, hash-dedup, insert into Qdrant, write history (SQLite), entity
 linking (no-op without spaCy). ADD-only: mem0 2.x never updates or deletes on `add`.
 
-What mem0 itself does with bad output (why we classify it ourselves, silent failure 9):
+What mem0 itself does with bad output (why we classify it ourselves, silent failure malformed-as-platform-error):
 a reply that does not parse, or parses only after `extract_json` repair, or has no "memory" key,
 makes `add` return `[]`, exactly like "nothing worth storing". We therefore capture the raw reply
 and re-check it with mem0's own parsing steps; malformed -> POLICY_ERROR, clean empty -> OK.
 
 Traps handled here:
 - `Memory.get_all(top_k=20)` by default, and Qdrant `scroll` pages: `read_all` scrolls every page
-  of the collection and checks the total against Qdrant's exact `count` (silent failure 6).
+  of the collection and checks the total against Qdrant's exact `count` (silent failure capped-read-all).
 - The chunk's date: mem0 stamps "Current Date"/"Observation Date" with *today*; we pass the
   chunk's date into its own prompt builder (`current_date=`), the only change to its write path.
 - Offline: MEM0_TELEMETRY=False (set by the sandbox) also disables the remote "notices" fetch;
@@ -284,6 +284,8 @@ class Mem0Harness(Harness):
         added = [r for r in (out or {}).get("results", []) if r.get("event") == "ADD"]
         if repaired and not added:
             return WriteResult(
-                WriteStatus.POLICY_ERROR, n_calls, "zero memories from repaired JSON (silent failure 9)"
+                WriteStatus.POLICY_ERROR,
+                n_calls,
+                "zero memories from repaired JSON (silent failure malformed-as-platform-error)",
             )
         return WriteResult(WriteStatus.OK, n_calls, None, num_added=len(added))

@@ -14,7 +14,7 @@ strips fences, appends a missing "}", and returns `{}` on a decode error; extrac
 KeyError('memory list') (or IndexError on an empty reply). Its tenacity retry only fires on
 JSONDecodeError, which parse_json_result swallows, so there is exactly one call. We judge the
 captured reply ourselves: malformed -> POLICY_ERROR; a crash after a well-formed reply ->
-PLATFORM_ERROR (silent failures 7 and 9).
+PLATFORM_ERROR (silent failures platform-error-as-reward and malformed-as-platform-error).
 
 Date: general_text's prompt has no date slot; the chunk date goes in as a first `system:` line
 of the conversation text (the only place its prompt carries the conversation).
@@ -255,6 +255,8 @@ class MemosHarness(Harness):
             return WriteResult(WriteStatus.PLATFORM_ERROR, n_calls, f"memoryos write raised: {error!r:.300}")
         if repaired and n_added == 0:
             return WriteResult(
-                WriteStatus.POLICY_ERROR, n_calls, "zero memories from repaired JSON (silent failure 9)"
+                WriteStatus.POLICY_ERROR,
+                n_calls,
+                "zero memories from repaired JSON (silent failure malformed-as-platform-error)",
             )
         return WriteResult(WriteStatus.OK, n_calls, None, num_added=n_added)

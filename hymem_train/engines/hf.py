@@ -73,7 +73,9 @@ class HFEngine:
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
         self.routing = RoutingController.attach(model) if capture_routes else None
         self.asleep = False
-        self._unsent: set[str] = set()  # weights not refilled by a sync since wake_up (silent failure 12)
+        self._unsent: set[str] = (
+            set()
+        )  # weights not refilled by a sync since wake_up (silent failure serving-before-weights)
 
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:

@@ -8,7 +8,7 @@ Same contract as HFEngine:
 - routes: `CompletionOutput.routed_experts` [P+R-1, L, K] (`enable_return_routed_experts`, Model Runner
   V2 on GPU) plus a NOT_ROUTED last row, the HF engine's [P+R, L, K]. An engine asked to capture routes
   that cannot (vLLM CPU) refuses at start; a request that comes back without routes raises (silent
-  failure 10, docs/glossary.md).
+  silent failure empty-routes, docs/glossary.md).
 - `topk_logprobs`: `prompt_logprobs=k` (entry t+1 of `prompt_logprobs` is position t's distribution)
   and one generated step for the last position. vLLM caps k at `max_logprobs` (its default, 20, is
   under the teacher's top-50): the engine is built with `max_logprobs` from the config and refuses a
@@ -18,7 +18,7 @@ Same contract as HFEngine:
   layerwise reload loads them by their on-disk names and re-runs each layer's post-load processing
   (the CPU backend's weight repacking and MoE padding, a GPU's kernel layouts); `finish_sync` finalises
   the reload and drops the prefix cache, whose KV came from the old weights. A raw `load_weights` into
-  processed layers fails or, for CPU MoE weights, computes wrong logits (silent failure 11).
+  processed layers fails or, for CPU MoE weights, computes wrong logits (silent failure wrong-logits-after-sync).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def repack_cpu_moe(model: torch.nn.Module, touched: set[str]) -> int:
     """vLLM 0.32 `UnquantizedFusedMoEMethod._setup_kernel` skips `fused_experts.process_weights_after_loading`
     on a weight update ("the moe kernel has already been set up"). On GPU that hook is a no-op; on CPU it
     is the MoE weights' prepacking, so a reloaded CPU MoE layer keeps raw weights in a prepacked slot and
-    computes wrong logits without an error (silent failure 11). Re-run it on the layers this sync loaded."""
+    computes wrong logits without an error (silent failure wrong-logits-after-sync). Re-run it on the layers this sync loaded."""
     n = 0
     for name, module in model.named_modules():
         qm = getattr(module, "quant_method", None)
@@ -165,7 +165,7 @@ class SyncGate:
     """Requests in, weight syncs out. `close` (a sync's first bucket, a sleep) holds new requests back and
     waits until none is in the engine; `open` (the sync's end) lets the held ones in. A request that
     straddled a sync would be sampled from two policies and stamped with one; one that entered mid-sync
-    would be sampled from a half-loaded mix (silent failure 13, docs/glossary.md). A sync that fails
+    would be sampled from a half-loaded mix (silent failure request-straddles-sync, docs/glossary.md). A sync that fails
     leaves the gate shut rather than serve weights nobody chose: a held blocking caller times out with
     an error, a held gateway request waits until its HTTP caller gives up."""
 
@@ -403,7 +403,9 @@ class VLLMEngine:
     def _routes(self, c: Any, prompt_len: int, num_ids: int) -> np.ndarray | None:
         if not self.capture_routes:
             return None
-        if c.routed_experts is None:  # silent failure 10: never hand the trainer a segment without routes
+        if (
+            c.routed_experts is None
+        ):  # silent failure empty-routes: never hand the trainer a segment without routes
             raise RuntimeError(
                 "vLLM returned no routed experts for a request of an engine that captures them"
             )
@@ -488,7 +490,7 @@ class VLLMEngine:
         for seq_i, (seq, o) in enumerate(zip(sequences, outs, strict=True)):
             rows = list(o.prompt_logprobs[1:]) + [o.outputs[0].logprobs[0]]
             if len(rows) != len(seq) or any(r is None or len(r) < k for r in rows):
-                # silent failure 2: a teacher that returns no top-k must stop the step, not train on nothing
+                # silent failure teacher-without-topk: a teacher that returns no top-k must stop the step, not train on nothing
                 raise RuntimeError(f"teacher returned no top-{k} for some position of sequence {seq_i}")
             ids = torch.empty(len(seq), k, dtype=torch.long)
             lps = torch.empty(len(seq), k, dtype=torch.float32)

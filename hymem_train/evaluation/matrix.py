@@ -6,7 +6,7 @@ Resumable (nothing paid twice): a bank build commits a copy of the closed bank a
 (`ckpt/`, with its progress inside, renamed into place) and `build.json` when done; each scored item
 is appended to the unit's `items.jsonl` as soon as its batch is judged. A rerun skips what is there.
 
-Failures (silent failure 7): a bank build that still hits a platform failure after the harness's own
+Failures (silent failure platform-error-as-reward): a bank build that still hits a platform failure after the harness's own
 retries and `build_retries` re-attempts, a failed search, or a reader / judge call that failed after
 its retries is recorded as a failure of that item: excluded from the mean and counted in the table.
 

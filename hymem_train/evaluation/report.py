@@ -3,7 +3,7 @@ table per harness), bootstrap 95% intervals on every cell and on the differences
 per-category breakdown. Scores are x100, as in the report.
 
 A failed item (bank build, search, reader or judge failure) is excluded from its cell's mean and counted
-next to it; it never scores 0 (silent failure 7). A harness's score is the equal-weight mean of the
+next to it; it never scores 0 (silent failure platform-error-as-reward). A harness's score is the equal-weight mean of the
 metrics that ran (the table says how many of the report's six); the average is over harnesses.
 """
 

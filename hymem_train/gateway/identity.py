@@ -1,8 +1,8 @@
-"""Per-trajectory credentials (silent failure 8: a sandbox sharing trajectory identity).
+"""Per-trajectory credentials (silent failure shared-identity: a sandbox sharing trajectory identity).
 
 Each rollout registers (trajectory id, bank id) and receives a fresh secret credential that its
 sandbox uses as the OpenAI API key. The rollout also tells the gateway which chunk it is writing
-(`set_chunk`), so every recorded segment carries its chunk index (silent failure 3: a segment with
+(`set_chunk`), so every recorded segment carries its chunk index (silent failure chunk-unmapped: a segment with
 no chunk is refused at the door, not broadcast a score later). A request whose credential is unknown,
 or whose claimed trajectory/bank (URL path or headers) disagrees with the credential, is rejected and
 counted.

@@ -1,10 +1,10 @@
 """OpenAI-compatible gateway in front of the policy engine.
 
 Every harness LLM call comes through here: the gateway checks the caller's trajectory identity
-(silent failure 8), applies the chat template, runs the engine (batched across concurrent callers),
+(silent failure shared-identity), applies the chat template, runs the engine (batched across concurrent callers),
 and records a Segment with the exact token ids in and out (token-in/token-out: nothing is ever
 re-tokenized), raw logprobs, routed experts and finish reason, tagged with the chunk index the
-rollout declared (silent failure 3). Bad requests get OpenAI-style errors and are never recorded.
+rollout declared (silent failure chunk-unmapped). Bad requests get OpenAI-style errors and are never recorded.
 
 Context budgets (`GatewayConfig.max_prompt_tokens` / `max_response_tokens`, report: 28,672 +
 4,096): a request's max_tokens is clamped to the response budget (counted); a prompt over the cap
@@ -308,7 +308,7 @@ class Gateway:
         claimed_chunk = request.headers.get("x-hymem-chunk-index")
         if claimed_chunk is not None and claimed_chunk.strip() != str(chunk_index):
             # the harness says it is writing another chunk than the rollout declared: refuse rather
-            # than record a segment under the wrong chunk (silent failure 3)
+            # than record a segment under the wrong chunk (silent failure chunk-unmapped)
             self.registry.rejected["mismatch"] += 1
             raise IdentityMismatch(
                 f"request claims chunk {claimed_chunk!r}, trajectory {ident.trajectory_id!r} is on chunk {chunk_index}"

@@ -2,7 +2,7 @@
 
 It makes the rollout tasks (G per window, each forking the window's verified parent bank), runs
 them on the pool, and groups the results by window, so no caller slices a flat result list. It
-also owns the bank lineage: the parent-bank look-up (silent failure 1) and promotion of the bank
+also owns the bank lineage: the parent-bank look-up (silent failure bank-not-carried) and promotion of the bank
 that carries a sequence forward.
 """
 
@@ -40,7 +40,7 @@ class WindowRollouts:
 
     def usable(self) -> list[tuple[int, RolloutResult]]:
         """(rollout index, result) of every rollout not ended by a platform fault: the rest are
-        excluded from scores and training, never scored as policy behaviour (silent failure 7)."""
+        excluded from scores and training, never scored as policy behaviour (silent failure platform-error-as-reward)."""
         return [(i, r) for i, r in enumerate(self.results) if r.record.status != PLATFORM_ERROR]
 
     def reward_group(self, dataset: Any) -> RolloutGroup:
@@ -83,7 +83,7 @@ class RolloutCollector:
         parents, tasks = [], []
         for sw in windows:
             w, lid = sw.window, sw.lineage_id  # lineage id: names the harness under data.per_harness
-            parent = self.lineage.parent(lid, sw.epoch, w.index)  # verified (silent failure 1)
+            parent = self.lineage.parent(lid, sw.epoch, w.index)  # verified (silent failure bank-not-carried)
             parents.append(self.lineage.parent_size_tokens(lid, sw.epoch, w.index))
             chunks = self.dataset.of(sw.harness).chunks_of(w)
             scope = sw.harness if sw.per_harness else ""
@@ -115,7 +115,7 @@ class RolloutCollector:
 
     def promote(self, group: WindowRollouts, rollout_index: int) -> None:
         """The rollout's final bank becomes the parent of its sequence's next window (reopened from
-        disk and checked against a known record first: silent failure 1)."""
+        disk and checked against a known record first: silent failure bank-not-carried)."""
         sw, rec = group.scheduled, group.results[rollout_index].record
         w = sw.window
         self.lineage.promote(

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class BankPersistenceError(RuntimeError):
-    """A promoted bank that, reopened from disk, does not hold what was promoted (silent failure 1)."""
+    """A promoted bank that, reopened from disk, does not hold what was promoted (silent failure bank-not-carried)."""
 
 
 @dataclass
@@ -73,7 +73,7 @@ class BankLineage:
         if b is None:
             raise BankPersistenceError(
                 f"{sequence_id} epoch {epoch}: no promoted bank for window {window_index - 1}, needed by window "
-                f"{window_index} (silent failure 1)"
+                f"{window_index} (silent failure bank-not-carried)"
             )
         self.verify(b)
         return b.bank_dir
@@ -125,7 +125,7 @@ class BankLineage:
     def verify(self, b: PromotedBank) -> None:
         if not Path(b.bank_dir).exists():
             raise BankPersistenceError(
-                f"{b.sequence_id}: promoted bank {b.bank_dir} is missing (silent failure 1)"
+                f"{b.sequence_id}: promoted bank {b.bank_dir} is missing (silent failure bank-not-carried)"
             )
         h = self.open_harness(b.harness)
         try:
@@ -140,5 +140,5 @@ class BankLineage:
         if n != b.num_entries or (b.known_id and texts.get(b.known_id) != b.known_text):
             raise BankPersistenceError(
                 f"{b.sequence_id}: bank {b.bank_dir} reopened with {n} entries (promoted {b.num_entries}); known record "
-                f"{b.known_id!r} {'missing or changed' if b.known_id else ''} (silent failure 1)"
+                f"{b.known_id!r} {'missing or changed' if b.known_id else ''} (silent failure bank-not-carried)"
             )

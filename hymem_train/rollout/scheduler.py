@@ -9,7 +9,7 @@ framework. Two ways to get them (docs/stages.md, "Data per harness"):
   round-robin; its lineage id is the sequence id (as in runs made before per-harness data, so they resume unchanged).
 
 The units are the schedule manifest, written to the run directory and reconciled with the declared
-harness set at start-up (silent failure 4: a declared configuration with no data, or data for an
+harness set at start-up (silent failure harness-unscheduled: a declared configuration with no data, or data for an
 undeclared one, would silently drop out of mixed-harness training or never be trained on). A step takes
 at most one window per lineage, because window k+1 needs window k's promoted bank; units are interleaved
 across harnesses so each step holds the harness mix. The cursor is persisted after every step, so a

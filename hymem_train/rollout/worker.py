@@ -2,14 +2,14 @@
 
 Report recipe: each of a window's 8 rollouts starts from an independent copy of the same
 parent bank and writes every chunk of the window through the harness's own write path; every LLM
-call goes through the gateway under the rollout's own credential (silent failure 8) with the chunk
-index declared first (silent failure 3). After each chunk the worker closes the bank and snapshots
+call goes through the gateway under the rollout's own credential (silent failure shared-identity) with the chunk
+index declared first (silent failure chunk-unmapped). After each chunk the worker closes the bank and snapshots
 it (the reward's PRM probes search the bank state right after chunk t).
 
 Fault handling: the harness retries platform errors itself (restoring the bank first); a platform
 error that persists ends the rollout as platform_error (excluded by the reward, never scored:
-silent failure 7). A malformed policy output is a policy_error chunk: the rollout continues and the
-reward scores whatever the bank holds (silent failure 9). When a write needed retries, only the
+silent failure platform-error-as-reward). A malformed policy output is a policy_error chunk: the rollout continues and the
+reward scores whatever the bank holds (silent failure malformed-as-platform-error). When a write needed retries, only the
 segments of the final attempt are kept: the discarded attempt's calls did not produce the bank the
 chunk is scored on.
 
@@ -49,7 +49,7 @@ M_OVER_CAP = (
 )
 M_WRITE_S = "perf/rollout_write_s"  # seconds spent in harness writes, sum
 # sandboxes restarted after a crash, each with the bank restored from its pre-write snapshot, sum (a
-# crash reported as a clean write would restart nothing: silent failure 7, tests/stages/test_fault_injection.py)
+# crash reported as a clean write would restart nothing: silent failure platform-error-as-reward, tests/stages/test_fault_injection.py)
 M_RESTARTS = "rollout/sandbox_restarts"
 # chunks whose write itself reported (or raised) a platform fault after the harness's retries, sum; a
 # bank unreadable after a write reported OK is a platform error too, but not counted here
@@ -144,7 +144,7 @@ class RolloutWorker:
 
     def _foreign_call(self, cred: str, tid: str) -> None:
         """A call that presents this trajectory's key under another trajectory's path: the gateway must
-        refuse it (403) and count it (silent failure 8); nothing is recorded."""
+        refuse it (403) and count it (silent failure shared-identity); nothing is recorded."""
         import httpx
 
         r = httpx.post(
@@ -287,7 +287,7 @@ class RolloutWorker:
 
 def lost_rollout(task: RolloutTask, reason: str) -> RolloutResult:
     """The result of a rollout whose worker process died mid-rollout: a platform_error with every chunk
-    excluded and nothing to train on (silent failure 7: never scored, never trained on, never promoted)."""
+    excluded and nothing to train on (silent failure platform-error-as-reward: never scored, never trained on, never promoted)."""
     bank = str(Path(task.out_dir) / "bank")
     record = RolloutRecord(
         trajectory_id=trajectory_id(task),
@@ -329,7 +329,7 @@ def keep_final_attempts(
         discarded += len(segs) - n
         kept.extend(segs[len(segs) - n :])
     # a segment under a chunk the rollout never wrote would be a mapping bug: keep it so the
-    # reward's chunk-mapping check raises (silent failure 3) instead of dropping it here
+    # reward's chunk-mapping check raises (silent failure chunk-unmapped) instead of dropping it here
     for segs in by_chunk.values():
         kept.extend(segs)
     return kept, discarded

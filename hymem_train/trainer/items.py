@@ -1,4 +1,4 @@
-"""Segments -> TrainItems for the two stages: the joins where silent failures 2 and 3 live.
+"""Segments -> TrainItems for the two stages: the joins where silent failures teacher-without-topk and chunk-unmapped live.
 
 Legend: T scored positions of a segment's full sequence (prompt + response), K teacher top-k,
 P prompt tokens, R response tokens.
@@ -31,23 +31,25 @@ def opd_items(segments: Sequence[Segment], teacher_topk: Sequence) -> list[Train
     """Attach the teacher's top-k (one `engines.base.TopKLogprobs` per segment, scored over the
     segment's prompt + response) to the response positions: position P-1+j predicts response token j.
 
-    A missing or short teacher answer raises (silent failure 2: never distil against nothing).
+    A missing or short teacher answer raises (silent failure teacher-without-topk: never distil against nothing).
     """
     if len(teacher_topk) != len(segments):
         raise ValueError(
-            f"opd_items: {len(teacher_topk)} teacher answers for {len(segments)} segments (failure 2)"
+            f"opd_items: {len(teacher_topk)} teacher answers for {len(segments)} segments (silent failure teacher-without-topk)"
         )
     out = []
     for s, tk in zip(segments, teacher_topk, strict=True):
         P, R = len(s.prompt_ids), len(s.response_ids)
         if tk is None or tk.ids_TK is None or tk.ids_TK.numel() == 0:
-            raise ValueError(f"segment {_key(s)}: teacher returned no top-k (failure 2)")
+            raise ValueError(
+                f"segment {_key(s)}: teacher returned no top-k (silent failure teacher-without-topk)"
+            )
         ids_TK = np.asarray(tk.ids_TK)
         lp_TK = np.asarray(tk.logprobs_TK, dtype=np.float32)
         if ids_TK.shape[0] < P + R - 1 or ids_TK.shape != lp_TK.shape:
             raise ValueError(
                 f"segment {_key(s)}: teacher top-k covers {ids_TK.shape[0]} positions, need {P + R - 1} "
-                f"(prompt {P} + response {R} - 1) (failure 2)"
+                f"(prompt {P} + response {R} - 1) (silent failure teacher-without-topk)"
             )
         out.append(
             TrainItem(
@@ -69,7 +71,7 @@ def rl_items(
     (one LLM call; `trainer.loss.sequence_unit: segment`), "chunk" (all calls of chunk t of one
     rollout: one vote per chunk, as A[i, t] has one vote; `sequence_unit: chunk`) or "trajectory"
     (all calls of one rollout). A segment whose (trajectory, chunk) has no advantage raises (silent
-    failure 3: never broadcast one score).
+    silent failure chunk-unmapped: never broadcast one score).
     """
     if sequence not in SEQUENCES:
         raise ValueError(f"rl_items: sequence={sequence!r}, want one of {SEQUENCES}")
@@ -77,7 +79,9 @@ def rl_items(
     for s in segments:
         k = (s.trajectory_id, s.chunk_index)
         if s.chunk_index < 0 or k not in advantages:
-            raise ValueError(f"segment {_key(s)}: no advantage for trajectory/chunk {k} (failure 3)")
+            raise ValueError(
+                f"segment {_key(s)}: no advantage for trajectory/chunk {k} (silent failure chunk-unmapped)"
+            )
         out.append(
             TrainItem(
                 segment=s,
@@ -90,8 +94,8 @@ def rl_items(
 
 def teacher_items(groups: Sequence, teacher, k: int) -> list[TrainItem]:
     """OPD: the teacher's top-k over every segment of every usable rollout of the step's
-    `WindowRollouts` (platform failures are excluded: silent failure 7); `opd_items` raises on a
-    missing or short teacher answer (silent failure 2)."""
+    `WindowRollouts` (platform failures are excluded: silent failure platform-error-as-reward); `opd_items` raises on a
+    missing or short teacher answer (silent failure teacher-without-topk)."""
     segs = [s for g in groups for _, r in g.usable() for s in r.segments]
     if not segs:
         return []
@@ -101,8 +105,8 @@ def teacher_items(groups: Sequence, teacher, k: int) -> list[TrainItem]:
 def advantage_items(groups: Sequence, scored: Sequence, sequence: str = "segment") -> list[TrainItem]:
     """RL: every segment of every usable rollout with its chunk's advantage A[i, t], from each
     window's `WindowRollouts` and its reward `GroupResult` (rows in rollout order). Platform-failed
-    rollouts are excluded from training (silent failure 7); `rl_items` raises for a segment whose
-    chunk has no advantage (silent failure 3). `sequence`: the loss's sequence unit (`rl_items`)."""
+    rollouts are excluded from training (silent failure platform-error-as-reward); `rl_items` raises for a segment whose
+    chunk has no advantage (silent failure chunk-unmapped). `sequence`: the loss's sequence unit (`rl_items`)."""
     adv: dict[tuple[str, int], float] = {}
     segs: list[Segment] = []
     for g, res in zip(groups, scored, strict=True):

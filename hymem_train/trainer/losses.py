@@ -55,7 +55,7 @@ def opd_support_stats(
     """Sums (not means) over positions, so micro-batches and ranks reduce by addition.
 
     student/teacher mass on the support shows the truncated-KL pitfall (student mass shrinking);
-    coverage is the share of student-sampled tokens inside the teacher's top-k (silent failure 2:
+    coverage is the share of student-sampled tokens inside the teacher's top-k (silent failure teacher-without-topk:
     a teacher that silently returns garbage top-k shows up as coverage collapsing).
     """
     ps_N = (student_topk_logits_NK - student_lse_N[:, None]).exp().sum(-1)

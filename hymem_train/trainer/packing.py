@@ -92,13 +92,17 @@ def _check_item(item: TrainItem, loss_kind: str) -> None:
     if len(s.prompt_ids) < 1 or len(s.response_ids) < 1:
         raise ValueError(f"segment {item.key}: needs >= 1 prompt and >= 1 response token to train on")
     if s.chunk_index < 0 and loss_kind == "ppo":
-        # silent failure 3: a segment with no chunk would receive a broadcast score
-        raise ValueError(f"segment {item.key}: chunk_index {s.chunk_index} (no chunk mapping; failure 3)")
+        # silent failure chunk-unmapped: a segment with no chunk would receive a broadcast score
+        raise ValueError(
+            f"segment {item.key}: chunk_index {s.chunk_index} (no chunk mapping; silent failure chunk-unmapped)"
+        )
     if loss_kind == "opd":
         ids, lps = item.teacher_topk_ids_RK, item.teacher_topk_logprobs_RK
         if ids is None or lps is None or np.size(ids) == 0:
-            # silent failure 2: never train OPD against a missing teacher distribution
-            raise ValueError(f"segment {item.key}: teacher returned no top-k (failure 2)")
+            # silent failure teacher-without-topk: never train OPD against a missing teacher distribution
+            raise ValueError(
+                f"segment {item.key}: teacher returned no top-k (silent failure teacher-without-topk)"
+            )
         R = len(s.response_ids)
         if np.shape(ids) != np.shape(lps) or np.ndim(ids) != 2 or np.shape(ids)[0] != R:
             raise ValueError(

@@ -69,7 +69,7 @@ def run_gateway_demo(overrides: list[str] | None = None, num_trajectories: int =
             for tid, text in replies.items():
                 print(f"[chunk {chunk}] {tid} replied ({len(text)} chars): {text[:100]!r}")
 
-        # a sandbox presenting another trajectory's identity is refused (silent failure 8)
+        # a sandbox presenting another trajectory's identity is refused (silent failure shared-identity)
         a, b = list(trajs)[:2]
         bad = openai.OpenAI(base_url=f"{server.url}/t/{b}/v1", api_key=trajs[a], max_retries=0)
         try:

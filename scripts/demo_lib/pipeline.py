@@ -1,38 +1,47 @@
-"""The embedded-default pipeline `make demo` runs on 2 CPU cores (issue: the two stages end to end).
+"""The embedded-default pipeline `make demo` runs on 2 CPU cores.
 
 Demo code, not part of the hymem_train package: each stage runs as its real entry point
-(`python -m hymem_train.sft / .opd / .rl`) in a subprocess; this module orchestrates and reports.
+(`python -m hymem_train.sft / .opd / .rl / .evaluate`) in a subprocess; this module orchestrates and reports.
 
-synthetic data (train + held-out) -> oracle demonstrations through the real native harness ->
-SFT of the tiny teacher (writer + reader tasks) -> OPD of a smaller student from the teacher ->
-RL of the student (reader = the frozen teacher, exact-match judge on atomic synthetic answers) ->
-the writer-swap table (SFT, OPD and RL students writing the held-out sequences, python -m hymem_train.evaluate) ->
-a report (text + PNG) with held-out numbers.
+ledger-world data (train, OPD/RL prompts, held-out) -> the flawed teacher's demonstrations through the
+real native harness -> copy-episode pretraining of both tiny models -> SFT of the teacher (all the
+demonstrations) and a short SFT of the student -> OPD of the student from the teacher -> RL of the
+student (reader = the extractive instrument, exact match per gold fact) -> the writer-swap table and the
+bank metrics on held-out sequences (bound rows, the three students, the teacher) -> report.md with the
+paired differences the recipe predicts (docs/testbed.md).
 
-The oracle writes the gold operations of each synthetic chunk through the same harness, gateway and
-chat template the policy later uses, so the teacher learns the exact prompt format; gold facts only
-reach the oracle (a demonstrator), never a bank the policy reads during training or evaluation.
-What the demo runs measured behind its settings: docs/findings.md, "Demo pipeline".
+The teacher's demonstrations come from `LedgerOracle` with planted flaws (it stores half the small talk
+and overwrites a third of the changes): the report's teacher is strong but imperfect, and RL is meant
+to go beyond it. Gold facts reach only the demonstrator, never a bank the policy reads.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# the demo teacher's planted flaws (data_pipeline/ledger_oracle.py `Flaws`): what RL can fix
+TEACHER_FLAWS = {"store_small_talk": 0.5, "drop_history": 0.3}
+
 
 def build_data(
-    root: Path, *, num_sequences: int, num_chunks: int, window: int, seed: int, unique_names: bool = True
+    root: Path,
+    *,
+    num_sequences: int,
+    num_chunks: int,
+    window: int,
+    seed: int,
+    unique_names: bool = True,
+    world: str = "templated",
 ) -> Path:
     from data_pipeline.build import build, load_config
 
     cfg = load_config([
         f"out_dir={root}", "data.name=demo", f"data.synthetic.num_sequences={num_sequences}",
-        f"data.synthetic.unique_person_names={str(unique_names).lower()}",
+        f"data.synthetic.unique_person_names={str(unique_names).lower()}", f"++data.synthetic.world={world}",
         f"data.synthetic.num_chunks_per_sequence={num_chunks}", f"data.synthetic.num_chunks_per_window={window}",
         f"data.synthetic.seed={seed}", "~data.profiles.hy_memory",
         f"+data.profiles.native={{mode: session, max_tokens: 0, num_chunks_per_window: {window}, tokenizer_path: ''}}",
@@ -41,99 +50,58 @@ def build_data(
     return outs["native"]
 
 
-class Oracle:
-    """Gold native-harness operations for a synthetic chunk, from the dataset's facts (demonstrator).
+def demo_harness():
+    """The native harness the demo's stages write through (configs/exp/demo_*.yaml hold the same)."""
+    from harnesses.registry import HarnessConfig
 
-    The shipped demo (`make demo`, `oracle_sft_data`) uses it to write the teacher's SFT
-    demonstrations. It reads the native harness's prompt with regexes, so it only fits that prompt.
-    """
-
-    def __init__(self, ds):
-        turn_text = {(c.sequence_id, t.turn_id): t.text for c in ds.tables["chunks"] for t in c.turns}
-        # keyed by (sequence, turn text): sequences reuse first-person sentences ("I play volleyball")
-        self.by_turn: dict[tuple[str, str], object] = {}
-        self.fact_text = {f.fact_id: f.text for f in ds.tables["facts"]}
-        for f in ds.tables["facts"]:
-            for tid in f.turn_ids:
-                self.by_turn[(f.sequence_id, turn_text[(f.sequence_id, tid)])] = f
-        self.sequence_id = ""  # the sequence being demonstrated (windows are written one at a time)
-
-    def __call__(self, prompt: str) -> str:
-        new = prompt.split("New conversation:")[-1]
-        existing = dict(re.findall(r"^\[(\d+)\] (.+)$", prompt.split("New conversation:")[0], re.M))
-        ops = []
-        for line in new.splitlines():
-            m = re.match(r"^user: [^:]+: (.+)$", line.strip())
-            f = self.by_turn.get((self.sequence_id, m.group(1))) if m else None
-            if f is None:
-                continue
-            old = self.fact_text.get(f.supersedes) if f.supersedes else None
-            ids = [i for i, t in existing.items() if t == old] if old else []
-            ops.append(
-                {"op": "UPDATE", "id": int(ids[0]), "text": f.text} if ids else {"op": "ADD", "text": f.text}
-            )
-        return json.dumps({"ops": ops or [{"op": "NONE"}]})
+    h = HarnessConfig(framework="native", in_process=True)
+    h.native.max_tokens, h.native.num_context_memories = 96, 6
+    return h
 
 
-def oracle_sft_data(ds_path: Path, out: Path, harness_cfg, search_k: int) -> dict[str, int]:
-    """Writer segments (oracle through the real harness) + reader examples (probe over the oracle bank)."""
+def teacher_demonstrations(ds_path: Path, out: Path, harness_cfg, flaws: dict) -> dict[str, int]:
+    """Writer segments of the flawed ledger oracle, written through the real native harness, gateway and
+    chat template the policy later uses (so the teacher learns the exact prompt); one per chunk. Returns
+    the segment count and what the oracle did, by kind (its planted flaws included)."""
+    from data_pipeline.ledger_oracle import Flaws, LedgerOracle
     from data_pipeline.store import BuiltDataset
-    from harnesses.native import NativeHarness
     from hymem_train.engines.scripted import ScriptedEngine
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway, GatewayConfig
     from hymem_train.models.tokenizer import default_tokenizer
     from hymem_train.rollout.worker import RolloutTask, RolloutWorker
-    from reward.judge import reader_messages
 
     ds = BuiltDataset(ds_path)
     tok = default_tokenizer()
-    oracle = Oracle(ds)
+    oracle = LedgerOracle(Flaws(**flaws))
     gw = Gateway(ScriptedEngine(tok, oracle), tok, GatewayConfig(embeddings=False))
     rows: list[dict] = []
-    n_writer = n_reader = 0
     with GatewayServer(gw) as srv:
         worker = RolloutWorker({"native": harness_cfg}, srv.url, gw.admin_token)
         parents: dict[str, str] = {}
         for w in sorted(ds.windows, key=lambda w: (w.sequence_id, w.index)):
             task = RolloutTask(w, ds.chunks_of(w), 0, "native", parents.get(w.sequence_id),
                                str(out.parent / "oracle" / w.window_id.replace("/", "_")))  # fmt: skip
-            oracle.sequence_id = w.sequence_id
             res = worker.run(task)
             parents[w.sequence_id] = res.record.final_bank_dir
-            for s in res.segments:
-                rows.append({"prompt_ids": s.prompt_ids, "response_ids": s.response_ids})
-                n_writer += 1
-            snaps = {c.chunk_index: c.bank_dir for c in res.record.chunks}
-            h = NativeHarness(None, harness_cfg.native)
-            for p in ds.probes_of(w):
-                h.open(snaps[p.chunk_index])
-                entries = h.search(p.question, search_k)
-                h.close()
-                msgs = reader_messages(p.question, entries)
-                prompt = tok.apply_chat_template(
-                    msgs, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-                rows.append(
-                    {"prompt_ids": list(prompt), "response_ids": tok.encode(p.reference) + [tok.eos_token_id]}
-                )
-                n_reader += 1
+            rows += [{"prompt_ids": s.prompt_ids, "response_ids": s.response_ids} for s in res.segments]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"writer_segments": n_writer, "reader_examples": n_reader}
+    return {"writer_segments": len(rows), **{f"oracle_{k}": v for k, v in sorted(oracle.counts.items())}}
 
 
-def pretraining_data(out: Path, num_documents: int, seed: int) -> int:
-    """The pretraining stand-in corpus (data_pipeline.synthetic.pretraining_documents) as SFT
-    `text_ids` records: plain language modelling, loss on every token. Returns the token count."""
-    from data_pipeline.synthetic import pretraining_documents
+def pretraining_data(out: Path, num_documents: int, seed: int, mixed_share: float = 0.35) -> int:
+    """The pretraining stand-in corpus (data_pipeline.ledger.pretraining_documents: copy episodes in
+    the ledger's own forms) as SFT `text_ids` records: plain language modelling, loss on every token.
+    Returns the token count."""
+    from data_pipeline.ledger import pretraining_documents
     from hymem_train.models.tokenizer import default_tokenizer
 
     tok = default_tokenizer()
     out.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with out.open("w") as f:
-        for doc in pretraining_documents(num_documents, seed):
+        for doc in pretraining_documents(num_documents, seed, mixed_share=mixed_share):
             ids = tok.encode(doc) + [tok.eos_token_id]
             n += len(ids)
             f.write(json.dumps({"text_ids": ids}) + "\n")
@@ -167,127 +135,132 @@ def _run(args: list[str], log_path: Path) -> None:
 def run_demo(
     root: str | Path = "runs/demo",
     *,
-    num_train_sequences: int = 96,
+    num_train_sequences: int = 500,
     num_prompt_sequences: int = 96,
     num_eval_sequences: int = 24,
-    pretrain_documents: int = 8000,
+    num_chunks: int = 6,
+    pretrain_documents: int = 4000,
     teacher_epochs: int = 3,
-    student_epochs: int = 1,
-    student_pretrain_steps: int = 300,
+    teacher_pretrain_mix: int = 2000,
+    student_pretrain_steps: int = 150,
+    data_seed: int = 0,
+    run_seed: int = 0,
     extra: dict[str, list[str]] | None = None,
 ) -> dict:
-    """The whole tiny pipeline; each stage is the real entry point in its own process."""
+    """The whole tiny pipeline; each stage is the real entry point in its own process. `data_seed` draws
+    the data (and the pretraining corpus), `run_seed` every training run's seeds: a seed pair."""
     import time
-
-    from harnesses.registry import HarnessConfig
 
     extra = extra or {}
     root = Path(root)
     t0 = time.perf_counter()
     timings = {}
-    print(f"[1/7] synthetic data -> {root}/data", flush=True)
-    # many sequences, few epochs, names recurring across sequences: so the writer has to copy values
-    # from the chunk instead of memorising them (docs/findings.md, "Demo pipeline")
-    train = build_data(
-        root / "data" / "train",
-        num_sequences=num_train_sequences,
-        num_chunks=6,
-        window=3,
-        seed=0,
-        unique_names=False,
-    )
-    # OPD and RL prompts: fresh sequences the SFT demonstrations never showed, so the updates reward
-    # copying from the chunk, not recall of memorised gold (docs/findings.md, "Demo pipeline")
+    print(f"[1/8] ledger-world data -> {root}/data", flush=True)
+    sizes = {"num_chunks": num_chunks, "window": 3, "world": "ledger"}
+    train = build_data(root / "data" / "train", num_sequences=num_train_sequences, seed=data_seed, **sizes)
+    # OPD and RL prompts: sequences the demonstrations never showed; held-out: the evaluation's own
     prompts = build_data(
-        root / "data" / "prompts",
-        num_sequences=num_prompt_sequences,
-        num_chunks=6,
-        window=3,
-        seed=2000,
-        unique_names=False,
+        root / "data" / "prompts", num_sequences=num_prompt_sequences, seed=data_seed + 2000, **sizes
     )
-    # 24 held-out sequences: fewer let evaluation noise reach the size of the effect the demo looks
-    # for (docs/findings.md, "Demo pipeline")
     held = build_data(
-        root / "data" / "eval", num_sequences=num_eval_sequences, num_chunks=3, window=3, seed=1000
+        root / "data" / "eval", num_sequences=num_eval_sequences, seed=data_seed + 1000, **sizes
     )
     timings["data"] = time.perf_counter() - t0
 
-    print("[2/7] oracle demonstrations through the native harness -> SFT data", flush=True)
+    print("[2/8] the flawed teacher's demonstrations through the native harness; probe leakage", flush=True)
     t = time.perf_counter()
-    hcfg = HarnessConfig(framework="native", in_process=True)
-    hcfg.native.max_tokens, hcfg.native.num_context_memories = 80, 4
-    counts = oracle_sft_data(train, root / "sft" / "data.jsonl", hcfg, search_k=5)
-    print(f"      {counts['writer_segments']} writer segments, {counts['reader_examples']} reader examples")
-    counts["pretrain_tokens"] = pretraining_data(root / "pretrain" / "data.jsonl", pretrain_documents, seed=0)
+    counts = teacher_demonstrations(train, root / "sft" / "demos.jsonl", demo_harness(), TEACHER_FLAWS)
+    print(f"      {counts['writer_segments']} writer segments", flush=True)
+    # probes the reader answers from an empty bank measure nothing about the writer (reward/leakage.py)
+    _run(
+        ["-m", "reward.leakage", str(prompts), str(held), "--reader", "extractive"],
+        root / "logs" / "leakage.log",
+    )
+    counts["leaked"] = {
+        name: json.loads((p / "leakage.json").read_text())["leaked_share"]
+        for name, p in (("prompts", prompts), ("eval", held))
+    }
+    counts["pretrain_tokens"] = pretraining_data(
+        root / "pretrain" / "data.jsonl", pretrain_documents, seed=data_seed
+    )
     counts["pretrain_documents"] = pretrain_documents
-    timings["oracle"] = time.perf_counter() - t
+    # the teacher's SFT keeps part of the copy corpus in its mix: without it, SFT on the harness's format
+    # unlearnt the copying the pretraining had taught (docs/testbed.md, "Why the recipe looks like this")
+    demos = (root / "sft" / "demos.jsonl").read_text().splitlines()
+    pre = (root / "pretrain" / "data.jsonl").read_text().splitlines()
+    (root / "sft" / "teacher.jsonl").write_text("\n".join(demos + pre[:teacher_pretrain_mix]) + "\n")
+    timings["demonstrations"] = time.perf_counter() - t
 
-    # One epoch of short copy episodes stands in for the report's pretrained LLMs; the student gets
-    # fewer steps (time budget). ZeRO off on the one CPU rank. Why: docs/findings.md, "Demo pipeline".
-    print("[3/7] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
+    sft = ["num_segments_per_step=16", "trainer.gradient_checkpointing=false", "trainer.zero_stage=0",
+           f"++trainer.seed={run_seed}", f"++model.seed={run_seed}"]  # fmt: skip
+    print("[3/8] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
     t = time.perf_counter()
+    # one epoch of copy episodes stands in for the report's pretrained LLMs; the student gets fewer steps
     for name, model, steps in (
         ("teacher", "tiny_teacher", 0),
         ("student", "tiny_student", student_pretrain_steps),
     ):
         _run(["-m", "hymem_train.sft", f"model={model}", f"data_path={root}/pretrain/data.jsonl",
-              f"out_dir={root}/pretrain_{name}", "num_epochs=1", "num_segments_per_step=16", "trainer.lr=2e-3",
-              f"max_steps={steps}", "trainer.gradient_checkpointing=false", "trainer.zero_stage=0",
-              *extra.get(f"pretrain_{name}", [])],
-             root / "logs" / f"pretrain_{name}.log")  # fmt: skip
+              f"out_dir={root}/pretrain_{name}", "num_epochs=1", "trainer.lr=2e-3", f"max_steps={steps}", *sft,
+              *extra.get(f"pretrain_{name}", [])], root / "logs" / f"pretrain_{name}.log")  # fmt: skip
     timings["pretrain"] = time.perf_counter() - t
 
     print(
-        "[4/7] SFT: the tiny teacher, and a short one for the student (python -m hymem_train.sft)", flush=True
+        "[4/8] SFT: the teacher (3 epochs, copy corpus mixed in), the student (1 epoch) (python -m hymem_train.sft)",
+        flush=True,
     )
     t = time.perf_counter()
-    # teacher: 4 layers, trained on the demonstrations (writer + reader tasks)
-    _run(["-m", "hymem_train.sft", f"model.path={root}/pretrain_teacher/final", f"data_path={root}/sft/data.jsonl",
-          f"out_dir={root}/sft", f"num_epochs={teacher_epochs}", "num_segments_per_step=16", "trainer.lr=2e-3",
-          "trainer.gradient_checkpointing=false", "trainer.zero_stage=0",
-          *extra.get("sft", [])], root / "logs" / "sft_teacher.log")  # fmt: skip
-    # student: 3 layers, one epoch only: OPD does the rest (after 2 epochs OPD only added noise;
-    # docs/findings.md, "Demo pipeline")
+    _run(["-m", "hymem_train.sft", f"model.path={root}/pretrain_teacher/final", f"data_path={root}/sft/teacher.jsonl",
+          f"out_dir={root}/sft", f"num_epochs={teacher_epochs}", "trainer.lr=1e-3", *sft, *extra.get("sft", [])],
+         root / "logs" / "sft_teacher.log")  # fmt: skip
+    # the student sees the demonstrations once, without the copy corpus: well-formed writes with mostly
+    # wrong values, a weak start that leaves OPD room to move it (docs/testbed.md)
     _run(["-m", "hymem_train.sft", "model=tiny_student", f"model.path={root}/pretrain_student/final",
-          f"data_path={root}/sft/data.jsonl", f"out_dir={root}/student_init", f"num_epochs={student_epochs}",
-          "num_segments_per_step=16", "trainer.lr=2e-3",
-          "trainer.gradient_checkpointing=false", "trainer.zero_stage=0", *extra.get("student", [])],
-         root / "logs" / "sft_student.log")  # fmt: skip
+          f"data_path={root}/sft/demos.jsonl", f"out_dir={root}/student_init", "num_epochs=1", "trainer.lr=1e-3",
+          *sft, *extra.get("student", [])], root / "logs" / "sft_student.log")  # fmt: skip
     timings["sft"] = time.perf_counter() - t
 
-    common = [f"data.path={prompts}", f"data.eval_path={held}"]
-    print("[5/7] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
+    common = [f"data.path={prompts}", f"data.eval_path={held}", f"++run.seed={run_seed}"]
+    print("[5/8] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
     t = time.perf_counter()
     _run(["-m", "hymem_train.opd", "+exp=demo_opd", *common, f"teacher.path={root}/sft/final",
           f"init_checkpoint={root}/student_init/final", f"run.output_dir={root}/opd", *extra.get("opd", [])],
          root / "logs" / "opd.log")  # fmt: skip
     timings["opd"] = time.perf_counter() - t
 
-    # The growth penalty's bounds from the OPD student's own writes, as docs/reward.md prescribes for
-    # every harness (the configs' floor never bites on the demo's small banks: docs/findings.md)
+    # The growth penalty's bounds from the OPD student's own writes, as docs/reward.md prescribes
     growth, counts["growth_bounds"] = growth_overrides(root / "opd")
     print(f"      {counts['growth_bounds']}", flush=True)
-    print("[6/7] RL: chunk-level GRPO (python -m hymem_train.rl +exp=demo_rl)", flush=True)
+    print("[6/8] RL: chunk-level GRPO, extractive reader (python -m hymem_train.rl +exp=demo_rl)", flush=True)
     t = time.perf_counter()
     _run(["-m", "hymem_train.rl", "+exp=demo_rl", *common, f"init_checkpoint={root}/opd/final",
-          f"reader_model.path={root}/sft/final", f"run.output_dir={root}/rl", *growth, *extra.get("rl", [])],
-         root / "logs" / "rl.log")  # fmt: skip
+          f"run.output_dir={root}/rl", *growth, *extra.get("rl", [])], root / "logs" / "rl.log")  # fmt: skip
     timings["rl"] = time.perf_counter() - t
 
-    print("[7/7] writer-swap table: SFT, OPD and RL students as writers (python -m hymem_train.evaluate "
+    print("[7/8] writer-swap table and bank metrics: bounds, students, teacher (python -m hymem_train.evaluate "
           "+exp=evaluate_demo)", flush=True)  # fmt: skip
     t = time.perf_counter()
-    writers = ", ".join(f"{{name: {n}, checkpoint: '{root}/{d}/final'}}" for n, d in
-                        (("sft", "student_init"), ("opd", "opd"), ("rl", "rl")))  # fmt: skip
+    writers = ", ".join(
+        ["{name: nothing, kind: empty}", "{name: gold, kind: gold}"]
+        + [f"{{name: {n}, checkpoint: '{root}/{d}/final'}}" for n, d in DEMO_WRITERS]
+    )
     _run(["-m", "hymem_train.evaluate", "+exp=evaluate_demo", f"writers=[{writers}]", f"data.path={held}",
-          f"reader_model.path={root}/sft/final", f"run.output_dir={root}/swap", *extra.get("eval", [])],
+          f"run.output_dir={root}/swap", f"++run.seed={run_seed}", *extra.get("eval", [])],
          root / "logs" / "evaluate.log")  # fmt: skip
     timings["evaluate"] = time.perf_counter() - t
+    print("[8/8] report", flush=True)
     timings["total"] = time.perf_counter() - t0
     counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
-    counts["prompt_sequences"] = num_prompt_sequences
+    counts["prompt_sequences"], counts["data_seed"], counts["run_seed"] = (
+        num_prompt_sequences,
+        data_seed,
+        run_seed,
+    )
     return write_report(root, counts, timings)
+
+
+# the model writers of the table, in the order the recipe predicts them to improve (checkpoint dirs)
+DEMO_WRITERS = (("sft", "student_init"), ("opd", "opd"), ("rl", "rl"), ("teacher", "sft"))
 
 
 def growth_overrides(opd_dir: Path, harness: str = "native") -> tuple[list[str], str]:
@@ -309,6 +282,40 @@ def growth_overrides(opd_dir: Path, harness: str = "native") -> tuple[list[str],
     )
 
 
+# The differences the recipe predicts, registered before the runs (docs/testbed.md): (a, b, bank metric,
+# why). Each holds when the paired 95% interval of a - b over held-out sequences lies above 0.
+PREDICTIONS = (
+    ("opd", "sft", "memory_recall", "OPD moves the student toward the teacher, which stores more gold facts"),
+    (
+        "rl",
+        "opd",
+        "false_memory_resistance",
+        "the trap probes penalise the small talk the teacher taught to store",
+    ),
+    ("rl", "opd", "history_kept", "the ORM history questions reward the states the teacher overwrote"),
+)
+
+
+def paired_checks(bank_json: Path) -> list[dict]:
+    """Each prediction against the paired differences of bank_metrics.json (missing pair: not held)."""
+    doc = json.loads(bank_json.read_text())["harnesses"]["native"] if bank_json.exists() else {}
+    diffs = {(d["a"], d["b"], d["metric"]): d for d in doc.get("differences", [])}
+    out = []
+    for a, b, metric, why in PREDICTIONS:
+        d = diffs.get((a, b, metric))
+        ok = d is not None and d["lo"] is not None and d["lo"] > 0
+        out.append({"a": a, "b": b, "metric": metric, "why": why, "held": ok,
+                    **({k: d[k] for k in ("value", "lo", "hi")} if d else {"value": None, "lo": None, "hi": None})})  # fmt: skip
+    return out
+
+
+def _preflight_line(path: Path) -> str:
+    if not path.exists():
+        return "reader self-checks: not run"
+    checks = json.loads(path.read_text()).get("checks", {})
+    return "reader self-checks: " + ", ".join(f"{k} {c['value']:.2f}" for k, c in checks.items())
+
+
 def write_report(root: Path, counts: dict, timings: dict) -> dict:
     opd, rl = history(root / "opd"), history(root / "rl")
     kl = first_last(opd, "eval/reverse_kl")
@@ -318,13 +325,20 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
     rew_train = first_last(rl, "reward/s")
     pen = first_last(rl, "eval/pen")
     zadv = [r["reward/zero_advantage_share"] for r in rl if "reward/zero_advantage_share" in r]
+    flaws = ", ".join(
+        f"{k.removeprefix('oracle_')} {v}" for k, v in counts.items() if k.startswith("oracle_")
+    )
+    checks = paired_checks(root / "swap" / "eval" / "bank_metrics.json")
     lines = [
         "# hymem-train CPU demo report",
         "",
-        f"data: {counts['train_sequences']} SFT sequences x 6 chunks (windows of 3), "
-        f"{counts.get('prompt_sequences', 0)} OPD/RL prompt sequences (not in SFT), {counts['eval_sequences']} held-out sequences; "
-        f"{counts['writer_segments']} oracle writer segments + {counts['reader_examples']} reader examples for SFT; "
-        f"pretraining stand-in: {counts.get('pretrain_documents', 0)} copy-episode documents, {counts.get('pretrain_tokens', 0)} tokens",
+        f"data (ledger world, data seed {counts.get('data_seed', 0)}, run seed {counts.get('run_seed', 0)}): "
+        f"{counts['train_sequences']} demonstration sequences, {counts.get('prompt_sequences', 0)} OPD/RL prompt "
+        f"sequences, {counts['eval_sequences']} held-out sequences; {counts['writer_segments']} teacher "
+        f"demonstrations ({flaws})",
+        f"pretraining stand-in: {counts.get('pretrain_documents', 0)} copy-episode documents, "
+        f"{counts.get('pretrain_tokens', 0)} tokens; probes leaked from an empty bank: "
+        + ", ".join(f"{k} {v:.1%}" for k, v in counts.get("leaked", {}).items()),
         "",
         "## OPD (student: 3 layers, hidden 96 <- teacher: 4 layers, hidden 128)",
         "- held-out reverse KL(student || teacher), full vocab, at the student's sampled positions: "
@@ -332,7 +346,8 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         "- training top-50 reverse KL: "
         + (f"{kl_train[0]:.3f} (step 1) -> {kl_train[1]:.3f}" if kl_train else "n/a"),
         "",
-        "## RL (chunk-level GRPO from the OPD student)",
+        "## RL (chunk-level GRPO from the OPD student, extractive reader)",
+        f"- {_preflight_line(root / 'rl' / 'reader_preflight.json')}",
         f"- {counts.get('growth_bounds', 'growth penalty: the config bounds')}",
         "- held-out mean growth penalty pen[t]: " + (f"{pen[0]:.3f} -> {pen[1]:.3f}" if pen else "n/a"),
         "- held-out mean per-chunk score s[t]: "
@@ -343,17 +358,41 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         "- share of scored training cells with advantage 0 (no GRPO signal), mean over steps: "
         + (f"{sum(zadv) / len(zadv):.2f}" if zadv else "n/a"),
         "",
+        "## Predicted differences (paired over held-out sequences, 95% bootstrap interval)",
+        "| a - b | bank metric | difference | held | why predicted |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {c['a']} - {c['b']} | {c['metric']} | "
+            + (f"{c['value']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]" if c["value"] is not None else "n/a")
+            + f" | {'yes' if c['held'] else 'no'} | {c['why']} |"
+            for c in checks
+        ),  # fmt: skip
+        "",
         "## time (s)",
         ", ".join(f"{k} {v:.0f}" for k, v in timings.items()),
         "",
         f"curves: {root}/opd/opd_curves.png, {root}/rl/rl_curves.png, {root}/report.png",
+        *bank_table(root / "swap" / "eval"),
         *swap_table(root / "swap" / "eval"),
     ]
     text = "\n".join(lines) + "\n"
     (root / "report.md").write_text(text)
+    result = {"kl": kl, "reward": rew, "prm": prm, "pen": pen, "timings": timings, "checks": checks}
+    (root / "report.json").write_text(json.dumps({**result, "counts": counts}, indent=1, default=str))
     _report_png(root, opd, rl)
     print(text)
-    return {"kl": kl, "reward": rew, "prm": prm, "pen": pen, "timings": timings}
+    return result
+
+
+def bank_table(out: Path) -> list[str]:
+    """The bank metrics per writer (the whole page, with every paired difference: <out>/bank_metrics.md)."""
+    md = out / "bank_metrics.md"
+    if not md.exists():
+        return []
+    rows = [ln for ln in md.read_text().splitlines() if ln.startswith("|")]
+    end = next((i for i, ln in enumerate(rows[2:], 2) if " - " in ln.split("|")[1]), len(rows))
+    return ["", "## Bank metrics (held-out sequences, native harness; 95% CI over sequences)", *rows[:end],
+            f"paired differences: {md}"]  # fmt: skip
 
 
 def swap_table(out: Path) -> list[str]:

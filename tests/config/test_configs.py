@@ -48,7 +48,9 @@ def test_full_size_harness_mix_and_bounds():
         "mem0",
         "memoryos",
     }
-    assert set(rl.harnesses) <= set(rl.reward.scoring.growth_bounds)  # silent failure 4, checked at start-up
+    assert set(rl.harnesses) <= set(
+        rl.reward.scoring.growth_bounds
+    )  # silent failure harness-unscheduled, checked at start-up
     assert {rl.harnesses[h].scene for h in rl.harnesses if h.startswith("hy_memory")} == {
         "chat",
         "working",
@@ -147,7 +149,7 @@ def test_ablation_overlays_flip_one_knob():
 def test_config_diff_names_each_changed_leaf():
     base = to_typed(compose("rl", ["+exp=demo_rl"]), RlConfig)
     cfg = to_typed(compose("rl", ["+exp=demo_rl", "trainer.lr=1e-3", "reward.search_k=3"]), RlConfig)
-    assert config_diff(base, cfg) == {"trainer.lr": (3e-4, 1e-3), "reward.search_k": (5, 3)}
+    assert config_diff(base, cfg) == {"trainer.lr": (3e-4, 1e-3), "reward.search_k": (10, 3)}
     one = to_typed(compose("rl", ["+exp=demo_rl", "harnesses.native.native.max_tokens=7"]), RlConfig)
     assert list(config_diff(base, one, atomic=("harnesses",))) == ["harnesses"]
 

@@ -1,7 +1,7 @@
 """A stand-in OpenAI-compatible server for tests (chat completions + embeddings), stdlib only.
 
 It plays the gateway, an annotator or a judge while no real model is in the loop: scripted chat
-replies, deterministic embeddings, per-key identity checks (silent failure 8), and a record of every
+replies, deterministic embeddings, per-key identity checks (silent failure shared-identity), and a record of every
 request so tests can count LLM calls (what was paid for) and check the headers a caller sent.
 
     with StandInServer(replies=['{"ops":[{"op":"ADD","text":"x"}]}']) as srv:

@@ -7,7 +7,7 @@ through its real write path, and scripted reader / judge replies for
 and, after each chunk, closes the bank and forks it into a snapshot directory, as the rollout code
 will do. The judge double decides by keywords: it plays a semantic judge whose verdicts a test fixes
 by hand. It is a test double only; real scoring puts semantic conditions in the rubric and the
-judge model (silent failure 5).
+judge model (silent failure string-rule-scoring).
 """
 
 from __future__ import annotations

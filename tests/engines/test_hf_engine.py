@@ -157,7 +157,7 @@ def test_update_weights_loads_buckets_and_rejects_bad_names(engine, tok):
 
 def test_sleep_frees_the_weights_and_a_woken_engine_serves_only_after_a_full_sync(engine, tok):
     """Colocated placement: the engine drops its weights while the trainer steps; after wake_up its
-    weights are uninitialised memory until the sync has sent every one of them (silent failure 12)."""
+    weights are uninitialised memory until the sync has sent every one of them (silent failure serving-before-weights)."""
     prompts = _prompts(tok)
     sps = [SamplingParams(max_tokens=8, temperature=0) for _ in prompts]
     before = engine.generate(prompts, sps)
@@ -197,7 +197,7 @@ def test_vllm_engine_absent_gives_clear_message():
 
 
 def test_vllm_engine_never_returns_a_capturing_request_without_routes():
-    """Silent failure 10 at request level (GPU path, no vLLM needed): a capturing engine whose request
+    """Silent failure empty-routes at request level (GPU path, no vLLM needed): a capturing engine whose request
     comes back without routed experts raises instead of yielding a segment with none."""
     from types import SimpleNamespace
 

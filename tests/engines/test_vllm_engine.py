@@ -168,7 +168,7 @@ def test_weight_sync_then_generation_uses_the_new_weights(models, engine):
     seq = p + v.response_ids
     (vt,), (ht,) = engine.topk_logprobs([seq], 50), models.hf1.topk_logprobs([seq], 50)
     assert torch.equal(vt.ids_TK, ht.ids_TK) and (vt.logprobs_TK - ht.logprobs_TK).abs().max().item() < TOL
-    if DEVICE == "cpu":  # every MoE layer's CPU layout rebuilt (silent failure 11)
+    if DEVICE == "cpu":  # every MoE layer's CPU layout rebuilt (silent failure wrong-logits-after-sync)
         assert engine.moe_layers_repacked == models.m1.config.num_hidden_layers
 
 

@@ -109,7 +109,7 @@ def test_iso_date_converts_the_sources_layouts_and_refuses_others():
 
 
 def test_exact_match_is_refused_on_data_without_atomic_answers(tmp_path):
-    """Silent failure 5: exact match scores only a manifest that declares answers_atomic."""
+    """Silent failure string-rule-scoring: exact match scores only a manifest that declares answers_atomic."""
     from hymem_train.evaluation.config import EvalData, MatrixConfig
     from hymem_train.evaluation.matrix import plan_matrix
 

@@ -118,7 +118,7 @@ def test_scripted_policy_stores_reopens_forks(tmp_path, server, everos):
     assert "2023-03-05" in reqs[0].body["messages"][-1]["content"]  # the chunk date is the message time
     assert everos.call("stats")["num_foreign_calls"] == 0
     everos.close()
-    everos.shutdown()  # silent failure 1: a new process reads the bank back from disk
+    everos.shutdown()  # silent failure bank-not-carried: a new process reads the bank back from disk
     kids = everos.fork(tmp_path / "bank", [tmp_path / "k0"])
     everos.open(tmp_path / "k0")
     assert everos.metadata().lineage == (meta.bank_id,) and kids[0].bank_id == everos.metadata().bank_id
@@ -152,7 +152,7 @@ def test_malformed_output_gives_policy_errors(tmp_path, server, everos):
     # the last case stored its episode (and maybe its profile) before its facts were rejected
     assert [e.metadata["kind"] for e in everos.read_all()] == ["episode"] + ["user_profile"] * p
     # a chunk with no user turn stores nothing: fine when the reply was clean, a policy error when
-    # the reply was only usable after EverOS cut the JSON out of it (silent failure 9)
+    # the reply was only usable after EverOS cut the JSON out of it (silent failure malformed-as-platform-error)
     assistant_only = [{"role": "assistant", "content": "Noted."}]
     server.set_replies(policy(boundary="Here you go: " + BOUNDARY))
     res = everos.write_chunk(assistant_only, "s2", "2023-03-06")

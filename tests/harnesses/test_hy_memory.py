@@ -117,7 +117,7 @@ def test_chat_scripted_policy_stores_and_search_finds(tmp_path, minilm_embed):
             assert len(chat_req) == 1 and chat_req[0].headers["X-Hymem-Chunk-Index"] == "3"
             assert chat_req[0].api_key == "traj-A"
             assert h.call("stats")["num_foreign_calls"] == 0
-            # silent failure 1: new process, reopen from disk
+            # silent failure bank-not-carried: new process, reopen from disk
             h.close()
             h.shutdown()
             h.open(tmp_path / "bank")
@@ -139,7 +139,7 @@ def test_chat_malformed_output_gives_policy_errors(tmp_path, server, chat):
     chat.open(tmp_path / "bank", create=True)
     for reply in [
         "The user adopted a cat.",  # prose: json_repair may turn it into something, still a policy error
-        "{}",  # hy-memory reports success with zero memories: silent failure 9
+        "{}",  # hy-memory reports success with zero memories: silent failure malformed-as-platform-error
         "",  # EMPTY_RESPONSE
         '{"memory": ["User has a cat"]}',  # items are not objects
         '{"memory": [],,}',  # only json_repair can read it, and it yields zero memories
@@ -198,7 +198,7 @@ def test_coding_and_working_take_tool_traces(tmp_path, server, scene):
 
 @pytest.mark.slow
 def test_hidden_10000_listing_cap(tmp_path, server):
-    """Silent failure 6: hy-memory's list_memories/memory_stats stop at 10,000; read_all == count."""
+    """Silent failure capped-read-all: hy-memory's list_memories/memory_stats stop at 10,000; read_all == count."""
     h = _harness(tmp_path, server, "chat")
     h.open(tmp_path / "bank", create=True)
     h.close()

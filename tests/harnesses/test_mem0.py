@@ -59,7 +59,7 @@ def test_scripted_policy_stores_expected_memories_offline(tmp_path, server, mem0
     assert "## Current Date\n2023-03-05" in chat[0].body["messages"][1]["content"]
     stats = mem0.call("stats")
     assert stats["num_foreign_calls"] == 0, stats["foreign_urls"]  # offline: nothing but the gateway
-    # silent failure 1: close, new sandbox process, reopen from disk
+    # silent failure bank-not-carried: close, new sandbox process, reopen from disk
     mem0.close()
     mem0.shutdown()
     mem0.open(tmp_path / "bank")
@@ -106,7 +106,7 @@ def test_random_bytes_policy_never_crashes(tmp_path, server, mem0):
 
 
 def test_get_all_default_cap_vs_read_all(tmp_path, server, mem0):
-    """Silent failure 6: mem0's get_all returns 20 by default; read_all returns every entry == count."""
+    """Silent failure capped-read-all: mem0's get_all returns 20 by default; read_all returns every entry == count."""
     facts = [f"User fact number {i} is about topic {i * 7}" for i in range(45)]
     server.set_replies([_reply(*facts)])
     mem0.open(tmp_path / "bank", create=True)
@@ -133,7 +133,7 @@ def test_get_all_default_cap_vs_read_all(tmp_path, server, mem0):
 
 @pytest.mark.slow
 def test_read_all_follows_every_scroll_page(tmp_path, server, mem0):
-    """Silent failure 6 past one page: read_all scrolls Qdrant in pages of SCROLL_PAGE; a bank of more
+    """Silent failure capped-read-all past one page: read_all scrolls Qdrant in pages of SCROLL_PAGE; a bank of more
     than one page (and not a multiple of it) comes back whole, every entry once, equal to count()."""
     n = SCROLL_PAGE + 44
     facts = [f"User fact number {i} is about topic {i * 7}" for i in range(n)]
@@ -158,7 +158,7 @@ def test_platform_errors_and_kill_mid_write(tmp_path, server, mem0):
         os.kill(mem0.pid, signal.SIGKILL)
         return _reply("half written fact")
 
-    server.set_replies(kill_then_answer)  # silent failure 7: killed mid-write
+    server.set_replies(kill_then_answer)  # silent failure platform-error-as-reward: killed mid-write
     res = mem0.write_chunk(CHUNK, "s3", "d")
     assert res.status is WriteStatus.PLATFORM_ERROR and "exited" in res.error
     assert [e.text for e in mem0.read_all()] == ["User has a cat named Pixel"]

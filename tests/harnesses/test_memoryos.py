@@ -56,7 +56,7 @@ def test_scripted_policy_stores_reopens_forks(tmp_path, server, memos):
     )
     assert memos.call("stats")["num_foreign_calls"] == 0
     memos.close()
-    memos.shutdown()  # silent failure 1: a new process reads the bank back from disk
+    memos.shutdown()  # silent failure bank-not-carried: a new process reads the bank back from disk
     kids = memos.fork(tmp_path / "bank", [tmp_path / "k0"])
     memos.open(tmp_path / "k0")
     assert (

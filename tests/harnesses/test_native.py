@@ -1,4 +1,4 @@
-"""Native harness: protocol, honest parsing (silent failure 9), persistence (1), caps (6), fork, bad input."""
+"""Native harness: protocol, honest parsing (silent failure malformed-as-platform-error), persistence (1), caps (6), fork, bad input."""
 
 import json
 import os
@@ -168,7 +168,7 @@ def test_foreign_credential_rejected_is_platform_error(tmp_path, server):
 
 # ---------------------------------------------------------------- persistence, caps, tokens
 def test_bank_reopened_from_disk_holds_known_record(tmp_path, server, llm):
-    """Silent failure 1: close, drop every object, reopen from disk in a new harness."""
+    """Silent failure bank-not-carried: close, drop every object, reopen from disk in a new harness."""
     server.set_replies([ADD_TWO])
     h = NativeHarness(llm)
     meta = h.open(tmp_path / "bank", create=True)
@@ -203,7 +203,7 @@ def test_apply_ops_writes_without_an_llm_through_the_same_path(tmp_path):
 
 
 def test_read_all_has_no_cap_and_checks_count(tmp_path):
-    """Silent failure 6: 12,000 rows (above a 10,000-style cap) all come back; a short listing raises."""
+    """Silent failure capped-read-all: 12,000 rows (above a 10,000-style cap) all come back; a short listing raises."""
     h = NativeHarness(None)
     h.open(tmp_path / "bank", create=True)
     with h._db:  # one transaction, not 12,000 fsyncs

@@ -1,6 +1,6 @@
 """Sandbox server/client, hosting the native harness in a child process (no framework venv needed).
 
-Crash -> platform error with the bank restored (silent failure 7); foreign identity refused (8);
+Crash -> platform error with the bank restored (silent failure platform-error-as-reward); foreign identity refused (8);
 reopen from disk (1); confinement to the sandbox root; bad input (unknown framework/scene, missing venv).
 """
 
@@ -48,7 +48,7 @@ def test_native_in_sandbox_end_to_end(tmp_path, server, client):
     client.close()
     kids = client.fork(tmp_path / "bank", [tmp_path / "k0", tmp_path / "k1"])
     assert [k.lineage for k in kids] == [(meta.bank_id,)] * 2
-    # silent failure 1: a fresh sandbox process reopens the bank from disk
+    # silent failure bank-not-carried: a fresh sandbox process reopens the bank from disk
     client.shutdown()
     client.open(tmp_path / "k1")
     assert [e.text for e in client.read_all()] == ["User has a cat named Pixel"]
@@ -77,7 +77,7 @@ def _killer(server, client, then):
 
 
 def test_killed_sandbox_mid_write_is_platform_error_and_bank_restored(tmp_path, server, llm):
-    """Silent failure 7: a killed process is a platform error, not an empty bank marked done."""
+    """Silent failure platform-error-as-reward: a killed process is a platform error, not an empty bank marked done."""
     c = make_harness(
         HarnessConfig(framework="native", num_retries=0), llm, sandbox_root=tmp_path, sandbox_id="traj-A"
     )
@@ -123,7 +123,7 @@ def test_rpc_timeout_kills_and_reports_platform_error(tmp_path, server, llm):
 
 
 def test_foreign_identity_is_refused_and_nothing_runs(tmp_path, server, client):
-    """Silent failure 8: a request from sandbox A carrying sandbox B's identity is rejected."""
+    """Silent failure shared-identity: a request from sandbox A carrying sandbox B's identity is rejected."""
     server.set_replies([ADD])
     client.open(tmp_path / "bank", create=True)
     client.write_chunk(CHUNK, "s1", "d")

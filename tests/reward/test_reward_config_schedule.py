@@ -1,5 +1,5 @@
 """configs/reward/default.yaml validates into RewardConfig; ablation knobs and bad keys; schedule
-reconciliation (silent failure 4)."""
+reconciliation (silent failure harness-unscheduled)."""
 
 import shutil
 
@@ -72,7 +72,8 @@ def test_schedule_reconciles_with_declared_set():
 
 def test_schedule_missing_or_undeclared_harness_raises():
     with pytest.raises(
-        ScheduleError, match=r"declared but never scheduled: \['memoryos'\].*silent failure 4"
+        ScheduleError,
+        match=r"declared but never scheduled: \['memoryos'\].*silent failure harness-unscheduled",
     ):
         reconcile_schedule({"mem0": 1, "hy_memory": 1}, ["mem0", "hy_memory", "memoryos"])
     with pytest.raises(ScheduleError, match=r"declared but never scheduled: \['hy_memory'\]"):

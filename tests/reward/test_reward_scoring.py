@@ -120,7 +120,7 @@ def test_gamma_discounts_future_prm():
 
 
 def test_malformed_chunk_scores_the_floor_not_its_banks_earnings():
-    """Silent failure 9: a malformed write is a valid cell with low reward (prm = orm = 0), not an
+    """Silent failure malformed-as-platform-error: a malformed write is a valid cell with low reward (prm = orm = 0), not an
     excluded cell and not what its unchanged bank would have earned (here r1's trap pass, 0.5)."""
     rs = group()
     rs[1].status, rs[1].policy_error_C = "policy_error", [True, False]
@@ -168,7 +168,7 @@ def test_missing_growth_bounds_and_bad_inputs_raise():
 
 
 def test_platform_error_rollout_is_never_scored():
-    """Silent failure 7 on its own: with the growth penalty off and no ORM question on chunk 1, nothing
+    """Silent failure platform-error-as-reward on its own: with the growth penalty off and no ORM question on chunk 1, nothing
     but the rollout's status makes the platform-failed row invalid (its empty probes give prm 0, valid).
     It must stay out of every cell, advantage and metric; scored, it would get s = 0 and A < 0."""
     rs = group()

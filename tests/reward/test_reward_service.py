@@ -184,7 +184,7 @@ def test_missing_chunk_mapping_raises(group):
     from data_pipeline.schema import GoldFact
 
     bad_probe = dataclasses.replace(group.probes[0], chunk_index=5, probe_id="synth/000/c0005/p000")
-    with pytest.raises(ChunkMappingError, match="probe synth/000/c0005/p000.*silent failure 3"):
+    with pytest.raises(ChunkMappingError, match="probe synth/000/c0005/p000.*silent failure chunk-unmapped"):
         validate_group(dataclasses.replace(group, probes=[*group.probes, bad_probe]))
     q = group.questions[0]
     bad_q = dataclasses.replace(q, gold_facts=[*q.gold_facts, GoldFact("later", 2)])

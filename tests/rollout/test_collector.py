@@ -1,5 +1,5 @@
-"""The rollout collector: bank lineage across windows (silent failure 1) and the platform-failed
-rollouts it keeps out of training (silent failure 7).
+"""The rollout collector: bank lineage across windows (silent failure bank-not-carried) and the platform-failed
+rollouts it keeps out of training (silent failure platform-error-as-reward).
 
 The lineage test runs the real collector: a thread pool of rollout workers, the native harness in
 process, a scripted writer behind the real gateway; every mutation of the parent-bank hand-off
@@ -114,7 +114,7 @@ class _Teacher:
 
 
 def test_platform_failed_rollouts_are_not_trained_on(synth_ds):
-    """Silent failure 7: the crashed rollout's recorded call gets no train item, neither in RL (with
+    """Silent failure platform-error-as-reward: the crashed rollout's recorded call gets no train item, neither in RL (with
     its advantage 0) nor in OPD (no teacher call for it)."""
     g, res = _group(synth_ds, failed=1)
     items = advantage_items([g], [res])

@@ -1,6 +1,6 @@
 """Mixed-harness data as the report trains it: each harness configuration declares
 its dataset (`data.per_harness`), the same sequence runs in several harnesses as independent lineages,
-the schedule reconciles against the mapping (silent failure 4), and the stage prints the per-harness
+the schedule reconciles against the mapping (silent failure harness-unscheduled), and the stage prints the per-harness
 reward-data table. `data.path` stays the single-dataset shorthand (tests/rollout/test_rollout_worker.py)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _rl(*overrides: str) -> RlConfig:
 def test_config_declares_a_dataset_per_harness_and_reconciles():
     cfg = _rl()
     assert set(cfg.data.per_harness) == set(cfg.harnesses) and not cfg.data.path
-    # silent failure 4 before any work: a declared harness with no data, data for an undeclared one
+    # silent failure harness-unscheduled before any work: a declared harness with no data, data for an undeclared one
     with pytest.raises(ScheduleError, match=r"declared harness\(es\) with no dataset: \['mem0'\]"):
         _rl("~data.per_harness.mem0")
     with pytest.raises(ScheduleError, match=r"undeclared harness\(es\): \['everos'\]"):

@@ -33,7 +33,7 @@ def test_rollout_writes_each_chunk_and_snapshots_it(synth_ds, scripted_gateway, 
     rec = res.record
     assert rec.status == "ok" and [c.chunk_index for c in rec.chunks] == w.chunk_indices
     assert [c.status for c in rec.chunks] == ["ok", "ok"]
-    # one LLM call per chunk in the native protocol, each filed under its chunk (silent failure 3)
+    # one LLM call per chunk in the native protocol, each filed under its chunk (silent failure chunk-unmapped)
     assert [s.chunk_index for s in res.segments] == w.chunk_indices == rec.segment_chunks
     sizes = [c.size_tokens for c in rec.chunks]
     assert 0 < sizes[0] <= sizes[1]
@@ -59,7 +59,10 @@ def test_tiny_random_policy_gives_policy_errors_not_crashes(synth_ds, native_cfg
     native_cfgs["native"].native.max_tokens = 24
     with GatewayServer(gw) as srv:
         res = _worker(srv, native_cfgs).run(_task(synth_ds, tmp_path))
-    assert [c.status for c in res.record.chunks] == ["policy_error", "policy_error"]  # silent failure 9
+    assert [c.status for c in res.record.chunks] == [
+        "policy_error",
+        "policy_error",
+    ]  # silent failure malformed-as-platform-error
     assert res.record.status == "ok" and res.record.effective_status == "policy_error"
     assert len(res.segments) == 2 and all(s.routed_experts_TLK is not None for s in res.segments)
     assert res.metrics["rollout/policy_error_chunks"] == 2
@@ -78,7 +81,9 @@ def test_platform_failure_mid_window_is_a_platform_error(synth_ds, scripted_gate
 
     eng.generate = flaky
     res = _worker(scripted_gateway, native_cfgs).run(_task(synth_ds, tmp_path))
-    assert res.record.status == "platform_error"  # excluded by the reward, never scored (silent failure 7)
+    assert (
+        res.record.status == "platform_error"
+    )  # excluded by the reward, never scored (silent failure platform-error-as-reward)
     assert [c.status for c in res.record.chunks] == ["ok", "platform_error"]
     assert len(res.record.chunks) == 2
 
@@ -117,12 +122,12 @@ def test_lineage_promotes_reopens_and_detects_a_lost_bank(synth_ds, scripted_gat
     h.open(res2.record.final_bank_dir)
     assert b.known_text in {e.text for e in h.read_all()}
     h.close()
-    # silent failure 1: the promoted bank lost its records on disk -> the next window refuses to start
+    # silent failure bank-not-carried: the promoted bank lost its records on disk -> the next window refuses to start
     con = sqlite3.connect(f"{b.bank_dir}/memories.sqlite")
     con.execute("DELETE FROM memories")
     con.commit()
     con.close()
-    with pytest.raises(BankPersistenceError, match="silent failure 1"):
+    with pytest.raises(BankPersistenceError, match="silent failure bank-not-carried"):
         again.parent(seq, 0, 1)
     shutil.rmtree(b.bank_dir)
     with pytest.raises(BankPersistenceError, match="missing"):
@@ -143,7 +148,7 @@ def test_scheduler_binds_sequences_reconciles_and_resumes(synth_ds, tmp_path):
     wrapped = resumed.advance(resumed.next_windows(8))
     assert sorted(wrapped) == sorted({w.sequence_id for w in ws})  # both sequences restart (epoch 1)
     assert {sw.epoch for sw in resumed.next_windows(8)} == {1}
-    # silent failure 4: a declared harness config that the schedule never uses fails at start-up
+    # silent failure harness-unscheduled: a declared harness config that the schedule never uses fails at start-up
     with pytest.raises(ScheduleError, match="declared but never scheduled"):
         WindowScheduler(ws, ["native", "native_b", "mem0"], tmp_path / "other")
     with pytest.raises(ScheduleError, match="growth_bounds"):
@@ -166,7 +171,7 @@ def test_scheduler_state_restores_an_older_cursor(synth_ds, tmp_path):
 
 
 def test_a_scheduler_starts_over_without_a_checkpoint(synth_ds, tmp_path):
-    """Silent failure 14: step 1 advanced the cursor, then the run was killed before any checkpoint was
+    """Silent failure resume-skips-windows: step 1 advanced the cursor, then the run was killed before any checkpoint was
     complete; the restarted run starts every lineage at its first window (and persists that)."""
     ws = synth_ds.windows
     s = WindowScheduler(ws, ["native"], tmp_path)

@@ -1,64 +1,77 @@
-"""The demo pipeline's own pieces (scripts/demo_lib/pipeline.py): the oracle demonstrations through the
-real native harness lose no gold fact and update the right memory; the OPD/RL prompt split shares no
-sequence with the SFT split; the report reads first/last values from the runs' metrics."""
+"""The demo pipeline's own pieces (scripts/demo_lib/pipeline.py): the flawed teacher's demonstrations go
+through the real native harness, one per chunk, and carry the planted flaws; the OPD/RL prompt split shares
+no conversation with the demonstrations; the report reads first/last values from the runs' metrics and
+checks its predictions against the paired bank-metric differences."""
 
 import json
 
+from data_pipeline.ledger import gold_records, parse_record
 from data_pipeline.store import BuiltDataset
-from harnesses.registry import HarnessConfig
 from hymem_train.models.tokenizer import default_tokenizer
-from scripts.demo_lib.pipeline import build_data, first_last, growth_overrides, oracle_sft_data, write_report
+from scripts.demo_lib.pipeline import (
+    PREDICTIONS,
+    TEACHER_FLAWS,
+    build_data,
+    demo_harness,
+    first_last,
+    growth_overrides,
+    paired_checks,
+    teacher_demonstrations,
+    write_report,
+)
 
 
-def _hcfg():
-    h = HarnessConfig(framework="native", in_process=True)
-    h.native.max_tokens, h.native.num_context_memories = 80, 4
-    return h
+def _ledger(path, n, seed):
+    return build_data(path, num_sequences=n, num_chunks=6, window=3, seed=seed, world="ledger")
 
 
-def test_oracle_demonstrations_cover_every_fact_and_update_by_id(tmp_path):
-    ds_path = build_data(
-        tmp_path / "train", num_sequences=4, num_chunks=6, window=3, seed=0, unique_names=False
-    )
+def test_teacher_demonstrations_write_each_chunk_with_the_planted_flaws(tmp_path):
+    ds_path = _ledger(tmp_path / "train", 6, 0)
     ds = BuiltDataset(ds_path)
-    counts = oracle_sft_data(ds_path, tmp_path / "sft" / "data.jsonl", _hcfg(), search_k=5)
+    out = tmp_path / "sft" / "demos.jsonl"
+    counts = teacher_demonstrations(ds_path, out, demo_harness(), TEACHER_FLAWS)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == counts["writer_segments"] == len(ds.tables["chunks"])  # one write per chunk
     tok = default_tokenizer()
-    rows = [json.loads(x) for x in (tmp_path / "sft" / "data.jsonl").read_text().splitlines()]
-    assert len(rows) == counts["writer_segments"] + counts["reader_examples"]
-    assert counts["writer_segments"] == len(ds.tables["chunks"])  # one write per chunk
-    assert counts["reader_examples"] == len(ds.tables["probes"])
-    ops = []
-    for r in rows:
-        if "New conversation" in tok.decode(r["prompt_ids"]):
-            ops += json.loads(tok.decode(r["response_ids"], skip_special_tokens=True))["ops"]
-    written = [o["text"] for o in ops if o["op"] in ("ADD", "UPDATE")]
-    facts = ds.tables["facts"]
-    assert sorted(written) == sorted(f.text for f in facts)  # every gold fact once, nothing invented
-    n_updates = sum(bool(f.supersedes) for f in facts)
-    assert n_updates > 0 and sum(o["op"] == "UPDATE" for o in ops) == n_updates
+    ops = [
+        o for r in rows for o in json.loads(tok.decode(r["response_ids"], skip_special_tokens=True))["ops"]
+    ]
+    texts = [o["text"] for o in ops if o["op"] in ("ADD", "UPDATE")]
+    assert texts and all(parse_record(t) is not None for t in texts)  # every write is a well-formed record
     assert all(isinstance(o["id"], int) for o in ops if o["op"] == "UPDATE")
-    # the reader examples answer from the oracle bank; traps answer "no such record"
-    reader = [r for r in rows if "New conversation" not in tok.decode(r["prompt_ids"])]
-    refs = [tok.decode(r["response_ids"], skip_special_tokens=True).strip() for r in reader]
-    assert len(reader) == counts["reader_examples"] and "no such record" in refs
+    # the flaws were planted (small talk stored, history dropped) and the gold ops were written too
+    assert counts["oracle_flaw_store_small_talk"] > 0 and counts["oracle_flaw_drop_history"] > 0
+    assert counts["oracle_add"] > 0 and counts["oracle_update"] > 0
+    # a flawless teacher writes exactly the gold bank's records (nothing more)
+    gold = teacher_demonstrations(ds_path, tmp_path / "gold" / "demos.jsonl", demo_harness(), {})
+    assert not any(k.startswith("oracle_flaw") for k in gold)
+    chunks = {}
+    for c in ds.tables["chunks"]:
+        chunks.setdefault(c.sequence_id, []).append(c)
+    assert gold["oracle_add"] == sum(
+        len(gold_records(cs)) for cs in chunks.values()
+    )  # one ADD per gold record
 
 
-def test_prompt_split_is_disjoint_from_the_sft_split(tmp_path):
-    sft = BuiltDataset(
-        build_data(tmp_path / "a", num_sequences=6, num_chunks=6, window=3, seed=0, unique_names=False)
-    )
-    prompts = BuiltDataset(
-        build_data(tmp_path / "b", num_sequences=6, num_chunks=6, window=3, seed=2000, unique_names=False)
-    )
+def test_prompt_split_is_disjoint_from_the_demonstrations(tmp_path):
+    sft, prompts = BuiltDataset(_ledger(tmp_path / "a", 6, 0)), BuiltDataset(_ledger(tmp_path / "b", 6, 2000))
 
     def convs(ds):
         return {tuple(t.text for t in c.turns) for c in ds.tables["chunks"]}
 
-    def facts(ds):
-        return {(f.sequence_id, f.text) for f in ds.tables["facts"]}
+    assert len(convs(sft)) > 10 and not convs(sft) & convs(prompts)
 
-    assert not convs(sft) & convs(prompts)
-    assert len(facts(sft)) > 10 and facts(sft) != facts(prompts)
+
+def test_predictions_read_the_paired_bank_differences(tmp_path):
+    p = tmp_path / "bank_metrics.json"
+    assert [c["held"] for c in paired_checks(p)] == [False] * len(PREDICTIONS)  # no evaluation: nothing holds
+    diffs = [{"a": "opd", "b": "sft", "metric": "memory_recall", "value": 0.2, "lo": 0.1, "hi": 0.3},
+             {"a": "rl", "b": "opd", "metric": "false_memory_resistance", "value": 0.1, "lo": -0.02, "hi": 0.2}]  # fmt: skip
+    p.write_text(json.dumps({"harnesses": {"native": {"differences": diffs}}}))
+    got = {(c["a"], c["metric"]): c for c in paired_checks(p)}
+    assert got[("opd", "memory_recall")]["held"] and got[("opd", "memory_recall")]["lo"] == 0.1
+    assert not got[("rl", "false_memory_resistance")]["held"]  # its interval covers 0
+    assert not got[("rl", "history_kept")]["held"] and got[("rl", "history_kept")]["value"] is None
 
 
 def test_report_reads_first_and_last_values(tmp_path):
@@ -74,13 +87,18 @@ def test_report_reads_first_and_last_values(tmp_path):
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert first_last([{"a": 1}, {"b": 2}, {"a": 3}], "a") == (1, 3) and first_last([], "a") is None
     counts = {"train_sequences": 4, "prompt_sequences": 4, "eval_sequences": 2, "writer_segments": 24,
-              "reader_examples": 30}  # fmt: skip
+              "oracle_flaw_store_small_talk": 3, "leaked": {"eval": 0.0}}  # fmt: skip
     out = write_report(tmp_path, counts, {"total": 1.0})
     assert out["kl"] == (0.8, 0.5) and out["reward"] == (0.30, 0.36) and out["prm"] == (0.30, 0.35)
     text = (tmp_path / "report.md").read_text()
     assert "0.800 (step 0) -> 0.500" in text and "0.300 (step 0) -> 0.360" in text
     assert "mean over steps: 0.40" in text and (tmp_path / "report.png").stat().st_size > 0
     assert out["pen"] == (0.02, 0.01) and "pen[t]: 0.020 -> 0.010" in text
+    assert (
+        "flaw_store_small_talk 3" in text
+        and "eval 0.0%" in text
+        and "| opd - sft | memory_recall | n/a | no |" in text
+    )
 
 
 def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):

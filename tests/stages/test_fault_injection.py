@@ -61,7 +61,7 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
     m = stage.metrics(out)
     steps = [m[s] for s in (1, 2)]
     for s in steps:
-        # sandbox killed mid-window, on every retry: a platform error, excluded, never scored (failure 7)
+        # sandbox killed mid-window, on every retry: a platform error, excluded, never scored (silent failure platform-error-as-reward)
         # + the worker that died under rollout 3: a platform error too, counted as lost, nothing trained
         assert s["rollout/platform_error_rollouts"] == 4  # rollouts 1 and 3 of each of the 2 windows
         assert s["rollout/lost_worker_rollouts"] == 2
@@ -71,14 +71,14 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
         assert s["rollout/platform_error_writes"] == 2
         # judge timeouts: excluded and counted, never a 0 for the policy
         assert s["reward/judge_faults"] > 0
-        # the tiny random policy's malformed output: policy_error chunks, scored (failure 9)
+        # the tiny random policy's malformed output: policy_error chunks, scored (silent failure malformed-as-platform-error)
         assert s["rollout/policy_error_chunks"] > 0
-        # foreign identity: refused and counted by the gateway (failure 8)
+        # foreign identity: refused and counted by the gateway (silent failure shared-identity)
         assert s["gateway/rejected_mismatch"] == 2
         # a window whose every rollout lost cells to judge faults has no fully valid rollout: it is
         # retried next step with its lineage unchanged, never promoted from a partly scored group
         assert s["rollout/windows_done"] >= 1
-    # promoted banks are intact: reopen each one from disk and check its known record (failure 1)
+    # promoted banks are intact: reopen each one from disk and check its known record (silent failure bank-not-carried)
     from harnesses.native import NativeHarness
     from hymem_train.rollout.lineage import BankLineage
 

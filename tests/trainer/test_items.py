@@ -1,4 +1,4 @@
-"""Segments -> TrainItems: teacher top-k alignment (failure 2) and advantage mapping (failure 3)."""
+"""Segments -> TrainItems: teacher top-k alignment (silent failure teacher-without-topk) and advantage mapping (silent failure chunk-unmapped)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ def test_opd_items_raise_on_missing_or_short_teacher_answer():
     for answer in (None, TopKLogprobs(ids_TK=None, logprobs_TK=None), TopKLogprobs(empty, empty.float())):
         with pytest.raises(Exception) as err:
             opd_items([s], [answer])
-        assert err.type is ValueError and "t/0/0: teacher returned no top-k (failure 2)" in str(err.value), (
-            f"{answer!r}: {err.type.__name__}: {err.value}"
-        )
+        assert (
+            err.type is ValueError
+            and "t/0/0: teacher returned no top-k (silent failure teacher-without-topk)" in str(err.value)
+        ), f"{answer!r}: {err.type.__name__}: {err.value}"
     with pytest.raises(ValueError, match="covers 3 positions, need 4"):
         opd_items(
             [s], [TopKLogprobs(ids_TK=torch.zeros(3, 2, dtype=torch.long), logprobs_TK=torch.zeros(3, 2))]
@@ -53,9 +54,10 @@ def test_rl_items_map_advantages_per_chunk_and_raise_on_missing():
     assert [it.sequence_id for it in items] == ["", "", "", ""]
     assert [it.sequence_id for it in rl_items(segs, adv, sequence="trajectory")] == ["a", "a", "a", "b"]
     with pytest.raises(
-        ValueError, match=r"b/0/0: no advantage for trajectory/chunk \('b', 0\) \(failure 3\)"
+        ValueError,
+        match=r"b/0/0: no advantage for trajectory/chunk \('b', 0\) \(silent failure chunk-unmapped\)",
     ):
         rl_items(segs, {("a", 0): 0.5, ("a", 1): -1.0})
-    with pytest.raises(ValueError, match="failure 3"):
+    with pytest.raises(ValueError, match="silent failure chunk-unmapped"):
         rl_items([_seg("a", -1)], {("a", -1): 1.0})
     assert np.isfinite([it.advantage for it in items]).all()

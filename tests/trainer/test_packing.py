@@ -1,4 +1,4 @@
-"""Packing: block-causal isolation (packed == separate), route alignment, step weights, failures 2/3."""
+"""Packing: block-causal isolation (packed == separate), route alignment, step weights, failures teacher-without-topk and chunk-unmapped."""
 
 from __future__ import annotations
 
@@ -146,10 +146,12 @@ def test_ranks_get_equal_micro_batch_counts_with_padding_rows():
     assert len(empties) == 1 and empties[0].loss_pos_N.numel() == 0
 
 
-def test_opd_without_teacher_topk_raises_failure_2():
+def test_opd_without_teacher_topk_raises():
     items = make_items(2, vocab=50, kind="opd")
     items[1].teacher_topk_ids_RK = None
-    with pytest.raises(ValueError, match=r"t0/1/0: teacher returned no top-k \(failure 2\)"):
+    with pytest.raises(
+        ValueError, match=r"t0/1/0: teacher returned no top-k \(silent failure teacher-without-topk\)"
+    ):
         plan_step(items, PackingConfig(), "opd")
     items = make_items(2, vocab=50, kind="opd")
     items[0].teacher_topk_ids_RK = items[0].teacher_topk_ids_RK[:-1]
@@ -162,10 +164,10 @@ def test_opd_without_teacher_topk_raises_failure_2():
         plan_step(items, PackingConfig(), "opd")
 
 
-def test_segment_without_chunk_raises_failure_3_and_oversize_names_segment():
+def test_segment_without_chunk_raises_and_oversize_names_segment():
     items = make_items(2, vocab=50)
     items[0].segment.chunk_index = -1
-    with pytest.raises(ValueError, match="failure 3"):
+    with pytest.raises(ValueError, match="silent failure chunk-unmapped"):
         plan_step(items, PackingConfig(), "ppo")
     items = make_items(2, vocab=50, lengths=[(30, 5), (3, 2)])
     with pytest.raises(ValueError, match="t0/0/0: 35 tokens exceed"):

@@ -64,7 +64,9 @@ class GroupResult:
 
 
 def best_rollout(s_GC: list[list[float]], valid_GC: list[list[bool]]) -> int | None:
-    """Report: the final bank of the rollout with the highest sum of chunk scores becomes the parent."""
+    """Report: the final bank of the rollout with the highest sum of chunk scores becomes the parent.
+    Only fully valid rollouts compete (a platform-failed cell leaves the sum unknown); a tie goes to the
+    lowest rollout index, so a promotion is reproducible. None when no rollout is fully valid."""
     cands = [(sum(s), -i) for i, (s, v) in enumerate(zip(s_GC, valid_GC, strict=True)) if all(v)]
     return -max(cands)[1] if cands else None
 

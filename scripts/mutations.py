@@ -182,6 +182,45 @@ MUTATIONS: tuple[Mutation, ...] = (
         "policy_version=self.engine.policy_version,",
         ("tests/gateway/test_continuous.py::test_a_segment_carries_the_version_its_engine_stamped",),
     ),
+    Mutation(  # silent failure bank-not-carried: the reopened bank's known record is not compared
+        "lineage_known_record_unchecked",
+        "hymem_train/rollout/lineage.py",
+        "if n != b.num_entries or (b.known_id and texts.get(b.known_id) != b.known_text):",
+        "if n != b.num_entries:",
+        ("tests/rollout/test_rollout_worker.py::test_lineage_promotes_reopens_and_detects_a_lost_bank",),
+    ),
+    Mutation(  # the next window's growth baseline read from the window's first chunk, not its last
+        "promoted_size_from_first_chunk",
+        "hymem_train/rollout/collector.py",
+        "size_tokens=rec.chunks[-1].size_tokens or 0,",
+        "size_tokens=rec.chunks[0].size_tokens or 0,",
+        ("tests/rollout/test_collector.py::test_next_window_starts_from_the_promoted_bank",),
+    ),
+    Mutation(  # a rollout with a platform-failed cell competes for promotion
+        "best_rollout_admits_invalid",
+        "reward/service.py",
+        "for i, (s, v) in enumerate(zip(s_GC, valid_GC, strict=True)) if all(v)]",
+        "for i, (s, v) in enumerate(zip(s_GC, valid_GC, strict=True))]",
+        (
+            "tests/reward/test_reward_service.py::test_best_rollout_ties_go_to_the_lowest_index_and_invalid_rollouts_never_compete",
+        ),
+    ),
+    Mutation(  # a tie goes to the highest index
+        "best_rollout_tie_to_last",
+        "reward/service.py",
+        "return -max(cands)[1] if cands else None",
+        "return -max(cands, key=lambda c: (c[0], -c[1]))[1] if cands else None",
+        (
+            "tests/reward/test_reward_service.py::test_best_rollout_ties_go_to_the_lowest_index_and_invalid_rollouts_never_compete",
+        ),
+    ),
+    Mutation(  # a column with fewer than 2 valid rollouts normalised anyway
+        "advantage_fewer_than_two_unguarded",
+        "reward/advantage.py",
+        "        rows = [i for i in range(G) if valid_GC[i][t]]\n        if len(rows) < 2:\n            continue\n",
+        "        rows = [i for i in range(G) if valid_GC[i][t]]\n",
+        ("tests/reward/test_reward_advantage.py::test_group_with_one_valid_rollout_gets_zero",),
+    ),
     # the vLLM engine's gate around a weight sync (silent failure request-straddles-sync); the vLLM tier's
     # test_a_sync_waits_for_requests_in_flight_and_holds_new_ones fails on each of them too, run with
     # `.venvs/vllm_cpu/bin/python scripts/mutations.py --only ... --tests <that node id>`

@@ -287,3 +287,15 @@ def test_exact_match_judge_kind(group, endpoints):
     # "facts": the reader repeats its records ("Ana works at a bakery"), equal to neither "at a bakery"
     # nor "no such record": 0 and 0. Exact match is only right for atomic answers (hence the refusal)
     assert res.scores.prm_GC[0] == [0.0, 0.0]
+
+
+def test_best_rollout_ties_go_to_the_lowest_index_and_invalid_rollouts_never_compete():
+    from reward.service import best_rollout
+
+    s = [[0.2, 0.3], [0.4, 0.1], [0.9, 0.9], [0.1, 0.4]]
+    v = [[True, True], [True, True], [True, False], [True, True]]
+    # rollouts 0, 1 and 3 tie at 0.5; rollout 2 has the highest sum but a platform-failed cell
+    assert best_rollout(s, v) == 0
+    assert best_rollout(s[1:], v[1:]) == 0  # (old rollouts 1 and 3 tie: the first of them)
+    assert best_rollout([[0.1], [0.2]], [[True], [True]]) == 1
+    assert best_rollout([[1.0]], [[False]]) is None

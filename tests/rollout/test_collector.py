@@ -52,6 +52,10 @@ def test_next_window_starts_from_the_promoted_bank(synth_ds, scripted_gateway, n
         col.promote(g0, 1)
         b = lineage.banks[lineage.key(w0.sequence_id, 0, 0)]
         assert b.num_entries > 0 and b.known_text
+        # the next window's growth baseline is the promoted bank as the window's last chunk left it
+        sizes = [c.size_tokens for c in g0.results[1].record.chunks]
+        assert len(sizes) > 1 and sizes[0] != sizes[-1], sizes  # else the check below could not tell
+        assert b.size_tokens == sizes[-1]
         promoted = _texts(b.bank_dir)
         [g1] = col.collect([ScheduledWindow(w1, "native", 0)], 2, step=2)
     finally:

@@ -122,8 +122,18 @@ def test_lineage_promotes_reopens_and_detects_a_lost_bank(synth_ds, scripted_gat
     h.open(res2.record.final_bank_dir)
     assert b.known_text in {e.text for e in h.read_all()}
     h.close()
-    # silent failure bank-not-carried: the promoted bank lost its records on disk -> the next window refuses to start
+    # silent failure bank-not-carried: the known record's text changed in place, the entry count unchanged
     con = sqlite3.connect(f"{b.bank_dir}/memories.sqlite")
+    con.execute("UPDATE memories SET text = ? WHERE id = ?", (b.known_text + " (changed)", int(b.known_id)))
+    con.commit()
+    n_after = con.execute("SELECT COUNT(*) FROM memories").fetchone()[0]
+    assert n_after == b.num_entries
+    with pytest.raises(BankPersistenceError, match=f"known record {b.known_id!r} missing or changed"):
+        again.parent(seq, 0, 1)
+    con.execute("UPDATE memories SET text = ? WHERE id = ?", (b.known_text, int(b.known_id)))
+    con.commit()
+    assert again.parent(seq, 0, 1) == b.bank_dir  # restored: verified again
+    # the promoted bank lost its records on disk -> the next window refuses to start
     con.execute("DELETE FROM memories")
     con.commit()
     con.close()

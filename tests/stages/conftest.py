@@ -59,7 +59,8 @@ def _cmd(stage: str, a: dict, out: Path, *extra: str) -> list[str]:
         base += ["+exp=demo_opd", f"teacher.path={a['teacher']}", "init_checkpoint=",
                  "opd.num_rows_per_step=2"]  # fmt: skip
     else:
-        base += ["+exp=demo_rl", f"reader_model.path={a['teacher']}", "rl.num_rollouts_per_window=2",
+        # the model reader (the stage tests' path): demo_rl itself reads with the extractive instrument
+        base += ["+exp=demo_rl", "reader_kind=model", f"reader_model.path={a['teacher']}", "rl.num_rollouts_per_window=2",
                  "rl.num_windows_per_step=2"]  # fmt: skip
     return base + list(extra)
 

@@ -44,7 +44,7 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
     with StandInServer(_judge()) as judge:
         cmd = [
             sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl", f"data.path={assets['train']}",
-            f"run.output_dir={out}", "data.eval_path=", f"reader_model.path={assets['teacher']}", "init_checkpoint=", *stage.COMMON,
+            f"run.output_dir={out}", "data.eval_path=", "reader_kind=model", f"reader_model.path={assets['teacher']}", "init_checkpoint=", *stage.COMMON,
             "harnesses.native.in_process=false",  # a sandbox process to kill
             "harnesses.native.num_retries=1",
             "rl.num_rollouts_per_window=4", "rl.num_windows_per_step=2", "num_steps=2", "save_every=1",
@@ -94,4 +94,4 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
 def _native_cfg():
     from harnesses.native import NativeConfig
 
-    return NativeConfig(num_context_memories=4, max_tokens=24)
+    return NativeConfig(num_context_memories=6, max_tokens=24)  # as configs/exp/demo_rl.yaml, with COMMON

@@ -166,7 +166,10 @@ def test_refuses_gpu_pools_on_a_cpu_only_cluster():
     # policy, teacher, reader and judge replicas on a CPU box are CPU Ray actors (the multi-node simulation)
     cfg = to_typed(compose("opd", ["+exp=demo_opd", "++cluster.placement.policy_replicas=2"]), OpdConfig)
     assert "2 policy replica(s) as CPU Ray actors" in format_plan(make_plan(cfg))
-    cfg = to_typed(compose("rl", ["+exp=demo_rl", "reader_kind=model", "++cluster.placement.reader.replicas=2"]), RlConfig)
+    cfg = to_typed(
+        compose("rl", ["+exp=demo_rl", "reader_kind=model", "++cluster.placement.reader.replicas=2"]),
+        RlConfig,
+    )
     assert "2 reader replica(s) as CPU Ray actors" in format_plan(make_plan(cfg))
 
 

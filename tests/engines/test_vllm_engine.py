@@ -55,6 +55,20 @@ def hf_engine(model, tok):
                     capture_routes=CAPTURE)  # fmt: skip
 
 
+def assert_topk_matches_hf(got, hf_engine_, seq: list[int], k: int) -> None:
+    """vLLM's top-k equals HF's up to the order of near-ties. A random tiny model's tail logprobs sit
+    within 1e-6 of each other, so float noise may swap two ids there (seen in CI); an exact id match
+    would then fail on a correct engine. Instead: k distinct ids, each carrying HF's own logprob for it,
+    and those values HF's top-k values. A wrong id, a wrong value or a dropped token still fails."""
+    vocab = hf_engine_.model.lm_head.out_features
+    (full,) = hf_engine_.topk_logprobs([seq], vocab)
+    lp_TV = torch.empty(full.ids_TK.shape).scatter_(1, full.ids_TK, full.logprobs_TK)
+    assert got.ids_TK.shape == (len(seq), k)
+    assert all(len(set(row)) == k for row in got.ids_TK.tolist())
+    assert (lp_TV.gather(1, got.ids_TK) - got.logprobs_TK).abs().max().item() < TOL
+    assert (got.logprobs_TK - full.logprobs_TK[:, :k]).abs().max().item() < TOL
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from hymem_train.models import build_model
@@ -109,10 +123,8 @@ def test_generation_matches_the_hf_engine(models, engine):
 def test_teacher_top50_and_token_logprobs_match_an_hf_forward(models, engine):
     seq = _prompt(models.tok) + _prompt(models.tok, "Carol moved to Lyon in May.")
     # k=50: above vLLM's default max_logprobs (20); the engine raised it from the config
-    (v,), (h,) = engine.topk_logprobs([seq], 50), models.hf0.topk_logprobs([seq], 50)
-    assert v.ids_TK.shape == (len(seq), 50)
-    assert torch.equal(v.ids_TK, h.ids_TK)
-    assert (v.logprobs_TK - h.logprobs_TK).abs().max().item() < TOL
+    (v,) = engine.topk_logprobs([seq], 50)
+    assert_topk_matches_hf(v, models.hf0, seq, 50)
     (vt,), (ht,) = engine.token_logprobs([seq]), models.hf0.token_logprobs([seq])
     assert vt.shape == (len(seq) - 1,) and np.abs(vt - ht).max() < TOL
 
@@ -166,8 +178,8 @@ def test_weight_sync_then_generation_uses_the_new_weights(models, engine):
     assert v.response_ids == h.response_ids
     assert np.abs(np.array(v.logprobs) - np.array(h.logprobs)).max() < TOL
     seq = p + v.response_ids
-    (vt,), (ht,) = engine.topk_logprobs([seq], 50), models.hf1.topk_logprobs([seq], 50)
-    assert torch.equal(vt.ids_TK, ht.ids_TK) and (vt.logprobs_TK - ht.logprobs_TK).abs().max().item() < TOL
+    (vt,) = engine.topk_logprobs([seq], 50)
+    assert_topk_matches_hf(vt, models.hf1, seq, 50)
     if DEVICE == "cpu":  # every MoE layer's CPU layout rebuilt (silent failure wrong-logits-after-sync)
         assert engine.moe_layers_repacked == models.m1.config.num_hidden_layers
 

@@ -80,6 +80,9 @@ class WriteResult:
     num_updated: int = 0  # entries changed by this write
     num_deleted: int = 0  # entries removed by this write
     num_attempts: int = 1  # >1 when a platform error was retried (sandbox client)
+    # a platform error that is the writer's own: its endpoint timed out (the evaluation scores it 0;
+    # training excludes it like any platform error)
+    writer_timeout: bool = False
 
     @property
     def ok(self) -> bool:

@@ -34,6 +34,7 @@ from hymem_train.evaluation.config import WriterConfig
 from hymem_train.evaluation.matrix import Endpoints, MatrixRun, held_out, plan_matrix
 from hymem_train.evaluation.report import build_table, write_outputs
 from hymem_train.run_config import EvaluateConfig
+from reward.eval_protocol import metric_for
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
         yield None, None
         return
     if w.base_url:
-        yield Endpoint(w.base_url, w.api_key, w.model, timeout_s=600.0), None
+        yield Endpoint(w.base_url, w.api_key, w.model, timeout_s=w.timeout_s), None
         return
     from hymem_train.engines import build_engine
     from hymem_train.gateway.runner import GatewayServer
@@ -85,7 +86,7 @@ def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
     with GatewayServer(gateway) as server:
         log.info("writer %s (%s) served on %s", w.name, w.checkpoint or w.kind, server.base_url)
         yield (
-            Endpoint(server.base_url, "EMPTY", WRITER_MODEL, timeout_s=600.0),
+            Endpoint(server.base_url, "EMPTY", WRITER_MODEL, timeout_s=w.timeout_s),
             lambda: c["requests_ok"] + c["bad_request"] + c["engine_error"],
         )
 
@@ -185,6 +186,10 @@ def table_header(cfg: EvaluateConfig, plans) -> list[str]:
     lines.append(f"- reader: model `{p.reader.model}` at {p.reader.base_url}; judge mode `{p.judge_mode}`"
                  + (f", judge model `{p.judge.model}` at {p.judge.base_url}" if judged else "")
                  + (" (token F1: not the report's judge protocol)" if p.judge_mode == "token_f1" else ""))  # fmt: skip
+    budgets = {b: p.budget(metric_for(b)) for pl in plans for b in pl.benchmarks}
+    lines.append("- reader answer budgets (max_tokens): " + ", ".join(f"{b} {n}" for b, n in sorted(budgets.items()))
+                 + (f"; capped at {p.reader_budget_cap} for this reader, not the published budgets"
+                    if p.reader_budget_cap else "; each benchmark's published budget (docs/evaluation.md)"))  # fmt: skip
     for pl in plans:
         sub = pl.dataset.manifest.eval_subsample
         n = sum(len(v) for v in pl.items.values())

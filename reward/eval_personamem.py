@@ -61,4 +61,10 @@ def reader_messages(item: Any, entries: Sequence[Any]) -> Messages:
     return [{"role": "system", "content": READER_SYSTEM}, {"role": "user", "content": user}]
 
 
-register(Metric("personamem_v2", "PersonaMem-v2", local=score, reader_messages=reader_messages))
+register(
+    Metric(
+        "personamem_v2", "PersonaMem-v2", local=score, reader_messages=reader_messages, reader_max_tokens=4096,
+        reader_budget_source="PersonaMem-v2 config.yaml max_tokens 4096 (its OpenAI call sets none, its "
+        "Claude call 4096); the answer reasons before its 'Final Answer: X' line",
+    )
+)  # fmt: skip

@@ -46,6 +46,10 @@ class Metric:
     local: Callable[[Any, str], Verdict] | None = None  # scored here, no judge call
     # (EvalItem, search results) -> reader prompt; the default asks for a short answer from the records
     reader_messages: Callable[[Any, Sequence[Any]], Messages] | None = None
+    # the reader's answer budget, from the benchmark's published protocol, and where that number comes from
+    # (docs/evaluation.md, "Reader budgets"); protocol.reader_budget_cap may lower it for a small reader
+    reader_max_tokens: int = 0
+    reader_budget_source: str = ""
     judge_max_tokens: int = 0  # the published judge budget (0 = the judge client's max_tokens)
     json_reply: bool = False  # the judge's contract is a JSON object (protocol.judge.json_mode applies)
     needs_atomic: bool = False  # exact match: only on datasets whose manifest declares answers_atomic
@@ -54,6 +58,8 @@ class Metric:
     def __post_init__(self) -> None:
         if (self.judge_messages is None) == (self.local is None) or (self.judge_messages and not self.parse):
             raise ValueError(f"metric {self.benchmark}: set judge_messages+parse or local, not both")
+        if self.reader_max_tokens < 1 or not self.reader_budget_source:
+            raise ValueError(f"metric {self.benchmark}: a reader budget and its source are required")
 
     def reader_prompt(self, item: Any, entries: Sequence[Any]) -> Messages:
         if self.reader_messages is not None:
@@ -200,12 +206,20 @@ register(
     Metric(
         "locomo", "LoCoMo Judge", counts=lambda it: it.category != "5", judge_messages=locomo_judge_messages,
         parse=parse_locomo_label, category_label=lambda c: LOCOMO_CATEGORIES.get(c, c), json_reply=True,
+        reader_max_tokens=1024,
+        reader_budget_source="Mem0's evaluation (evaluation/src/memzero/search.py) sets none, the API default; "
+        "1024 bounds a runaway reader far above its 5-6-word answers",
     ),
     Metric(
         "longmemeval_s", "LongMemEval", judge_messages=longmemeval_judge_messages, parse=parse_yes_no,
-        judge_max_tokens=10,
+        judge_max_tokens=10, reader_max_tokens=800,
+        reader_budget_source="LongMemEval src/generation/run_generation.py: 800 with chain of thought (its "
+        "default reading method), 500 without; its judge: 10 (src/evaluation/evaluate_qa.py)",
     ),
-    Metric("synthetic", "Synthetic (exact match)", local=lambda it, a: exact_match(it, a), needs_atomic=True),
+    Metric(
+        "synthetic", "Synthetic (exact match)", local=lambda it, a: exact_match(it, a), needs_atomic=True,
+        reader_max_tokens=64, reader_budget_source="this project's synthetic data: atomic answers of a few tokens",
+    ),
 )  # fmt: skip
 
 

@@ -69,18 +69,23 @@ class ChatClient:
 
     def run_batch(self, requests: Sequence[ChatRequest[T]]) -> list[T | Fault]:
         """Results in request order; a Fault where an item failed after its retries."""
+        return [r for r, _ in self.run_batch_finish(requests)]
+
+    def run_batch_finish(self, requests: Sequence[ChatRequest[T]]) -> list[tuple[T | Fault, str]]:
+        """`run_batch` with each reply's `finish_reason` ("stop", "length" = cut at max_tokens; "" for a
+        Fault), so a caller can count truncated answers instead of scoring them as if they were whole."""
         if not requests:
             return []
         return asyncio.run(self._run_batch(list(requests)))
 
-    async def _run_batch(self, requests: list[ChatRequest[T]]) -> list[T | Fault]:
+    async def _run_batch(self, requests: list[ChatRequest[T]]) -> list[tuple[T | Fault, str]]:
         client = openai.AsyncOpenAI(
             base_url=self.cfg.base_url, api_key=self.cfg.api_key, timeout=self.cfg.timeout_s, max_retries=0
         )
         sem = asyncio.Semaphore(self.cfg.max_concurrency)
         try:
 
-            async def one(req: ChatRequest[T]) -> T | Fault:
+            async def one(req: ChatRequest[T]) -> tuple[T | Fault, str]:
                 async with sem:
                     return await self._call(client, req)
 
@@ -88,7 +93,7 @@ class ChatClient:
         finally:
             await client.close()
 
-    async def _call(self, client: openai.AsyncOpenAI, req: ChatRequest[T]) -> T | Fault:
+    async def _call(self, client: openai.AsyncOpenAI, req: ChatRequest[T]) -> tuple[T | Fault, str]:
         kind, detail = "parse", ""
         attempts = 0
         for attempt in range(self.cfg.num_retries + 1):
@@ -114,7 +119,9 @@ class ChatClient:
                 text = resp.choices[0].message.content if resp.choices else None
                 if text is None:
                     raise ParseError("reply has no message content")
-                return req.parse(text)
+                finish = resp.choices[0].finish_reason or ""
+                self.stats[f"finish/{finish or 'none'}"] += 1
+                return req.parse(text), finish
             except ParseError as e:
                 kind, detail = "parse", str(e)
             except openai.APITimeoutError as e:
@@ -134,4 +141,4 @@ class ChatClient:
         self.stats["faults"] += 1
         self.stats[f"faults/{kind}"] += 1
         log.warning("%s: excluded after %d attempt(s): %s: %.200s", req.where, attempts, kind, detail)
-        return Fault(kind=kind, detail=f"{req.where}: {detail}", num_attempts=attempts)
+        return Fault(kind=kind, detail=f"{req.where}: {detail}", num_attempts=attempts), ""

@@ -221,6 +221,77 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        rows = [i for i in range(G) if valid_GC[i][t]]\n",
         ("tests/reward/test_reward_advantage.py::test_group_with_one_valid_rollout_gets_zero",),
     ),
+    # the evaluation (docs/evaluation.md): budgets, failure classes, paired clustered intervals, the means
+    Mutation(  # every benchmark read under one 64-token budget again: plans and reasoned answers cut
+        "eval_reader_budget_64",
+        "hymem_train/evaluation/matrix.py",
+        "budget = self.cfg.protocol.budget(m)",
+        "budget = 64",
+        (
+            "tests/evaluation/test_evaluate.py::"
+            "test_each_benchmark_reads_under_its_published_budget_and_cut_answers_are_counted",
+        ),
+        slow=True,
+    ),
+    Mutation(  # a writer's failures dropped from its mean again (a writer that breaks on hard items gains)
+        "eval_writer_failures_dropped",
+        "hymem_train/evaluation/report.py",
+        "or failure_class(per_writer[w][i]) == PLATFORM}",
+        "or failure_class(per_writer[w][i]) is not None}",
+        (
+            "tests/evaluation/test_report.py::"
+            "test_writer_failures_score_zero_and_platform_failures_drop_the_item_for_every_writer",
+        ),
+    ),
+    Mutation(  # a writer's timeout excused as the platform's
+        "eval_writer_timeout_as_platform",
+        "hymem_train/evaluation/matrix.py",
+        "exc = WriterFailure if res.writer_timeout else PlatformError",
+        "exc = PlatformError",
+        (
+            "tests/evaluation/test_evaluate.py::"
+            "test_a_writer_that_times_out_fails_its_items_as_zeros_and_is_not_retried",
+        ),
+        slow=True,
+    ),
+    Mutation(  # writers and cells resampled independently: neither paired nor clustered
+        "eval_unpaired_resampling",
+        "hymem_train/evaluation/report.py",
+        'shared = _weights(rng, B, C, every) if resampling == "clustered" else None',
+        "shared = None",
+        (
+            "tests/evaluation/test_report.py::test_a_small_paired_difference_is_detected_paired_and_missed_unpaired",
+            "tests/evaluation/test_report.py::test_clustered_intervals_widen_where_items_are_shared_across_cells",
+        ),
+    ),
+    Mutation(  # the run-time leak check removed: a writer serving a reader call goes unnoticed
+        "eval_leak_check_removed",
+        "hymem_train/evaluation/matrix.py",
+        "        if served and served() != before:\n",
+        "        if False:\n",
+        ("tests/evaluation/test_evaluate.py::test_writer_that_serves_a_fixed_role_is_refused",),
+        slow=True,
+    ),
+    Mutation(  # Shopping PS averaged into the harness means again
+        "eval_shopping_ps_in_means",
+        "hymem_train/evaluation/report.py",
+        'OUT_OF_MEANS = {"Shopping PS"}',
+        "OUT_OF_MEANS: set[str] = set()",
+        (
+            "tests/evaluation/test_report.py::test_shopping_ps_is_a_column_out_of_every_mean_and_cmb_is_not_run",
+        ),
+    ),
+    Mutation(  # the stage's swap evaluation samples at the rollouts' temperature again
+        "eval_swap_training_decoding",
+        "hymem_train/callbacks/swap_eval.py",
+        "harnesses={h: eval_decoding(st.cfg.harnesses[h]) for h in names}",
+        "harnesses={h: st.cfg.harnesses[h] for h in names}",
+        (
+            "tests/stages/test_observability_cli.py::"
+            "test_rl_run_logs_each_step_into_the_run_dir_and_wandb_gets_the_config",
+        ),
+        slow=True,
+    ),
     # the vLLM engine's gate around a weight sync (silent failure request-straddles-sync); the vLLM tier's
     # test_a_sync_waits_for_requests_in_flight_and_holds_new_ones fails on each of them too, run with
     # `.venvs/vllm_cpu/bin/python scripts/mutations.py --only ... --tests <that node id>`

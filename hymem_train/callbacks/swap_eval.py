@@ -1,6 +1,7 @@
 """The writer-swap matrix on the stage's current policy every `swap_eval.every` steps (docs/evaluation.md,
 "In a stage"). The policy writes through the stage's own gateway; each bank build registers an identity
-of its own and is forgotten afterwards, so its segments never reach training."""
+of its own and is forgotten afterwards, so its segments never reach training. The policy writes with the
+evaluation protocol's decoding (evaluation/config.py EVAL_DECODING), not the rollouts' temperature."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from harnesses.base import Endpoint
 from hymem_train.callbacks import Callback
-from hymem_train.evaluation.config import EvalData, MatrixConfig, WriterConfig
+from hymem_train.evaluation.config import EvalData, MatrixConfig, WriterConfig, eval_decoding
 from hymem_train.evaluation.matrix import Endpoints, MatrixRun, held_out, safe
 from hymem_train.evaluation.report import build_table, write_outputs
 
@@ -55,7 +56,7 @@ class SwapEval(Callback):
         writer = f"step_{step}"
         mcfg = MatrixConfig(
             writers=[WriterConfig(name=writer, base_url=st.server.base_url, model=st.cfg.gateway.served_model_name)],
-            harnesses={h: st.cfg.harnesses[h] for h in names}, data=EvalData(path=c.data or st.cfg.data.eval_path),
+            harnesses={h: eval_decoding(st.cfg.harnesses[h]) for h in names}, data=EvalData(path=c.data or st.cfg.data.eval_path),
             benchmarks=list(c.benchmarks), protocol=proto, subsample=c.subsample,
             max_items_per_benchmark=c.max_items_per_benchmark, bootstrap_resamples=c.bootstrap_resamples,
             seed=st.cfg.run.seed,
@@ -76,7 +77,8 @@ class SwapEval(Callback):
         table = build_table(records, [writer], names, {h: held_out(mcfg.harnesses[h]) for h in names},
                             resamples=c.bootstrap_resamples, seed=st.cfg.run.seed)  # fmt: skip
         write_outputs(out, table, records, [f"- step {step}: the stage's policy through its gateway"],
-                      {"stats": dict(matrix.stats)})  # fmt: skip
+                      {"stats": dict(matrix.stats),
+                       "harnesses": {h: dataclasses.asdict(mcfg.harnesses[h]) for h in names}})  # fmt: skip
         for h in names:
             cell = table.harness_scores.get((writer, h))
             if cell is not None and cell.n:

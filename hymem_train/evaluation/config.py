@@ -3,8 +3,10 @@ No torch, Ray or HTTP import here, so composing and validating a run stays light
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from harnesses.registry import HarnessConfig
 from reward.config import LlmClientConfig
@@ -33,10 +35,14 @@ class WriterConfig:
     )
     model: str = "hy-memory"  # the model name requests carry (endpoint writers)
     api_key: str = "EMPTY"
+    # a write call slower than this ends the bank build as the writer's failure (its items score 0)
+    timeout_s: float = 600.0
 
     def validate(self) -> None:
         if not _NAME.fullmatch(self.name or ""):
             raise ValueError(f"writers: name {self.name!r} must be a plain name (letters, digits, . _ + -)")
+        if self.timeout_s <= 0:
+            raise ValueError(f"writer {self.name}: timeout_s must be > 0")
         if self.kind not in WRITER_KINDS:
             raise ValueError(f"writer {self.name}: kind={self.kind!r}, want one of {WRITER_KINDS}")
         if self.kind != "model":
@@ -91,6 +97,15 @@ class EvalProtocol:
     # where the harnesses' own search-time LLM calls go: "reader" (the fixed reader endpoint) or "none"
     search_llm: str = "reader"
     search_k: int = 10  # memories retrieved per question through the harness's own search
+    # the reader's answer budget is each benchmark's published one (reward/eval_protocol.py); a small reader
+    # whose context cannot hold it sets a cap (marked in the table header; cut answers are counted).
+    # reader.max_tokens is the reader self-checks' budget only
+    reader_budget_cap: int = 0  # 0 = no cap
+
+    def budget(self, metric: Any) -> int:
+        """The reader's max_tokens for a benchmark: its published budget, capped when a cap is set."""
+        b = metric.reader_max_tokens
+        return min(b, self.reader_budget_cap) if self.reader_budget_cap else b
 
     def validate(self) -> None:
         if self.judge_mode not in JUDGE_MODES:
@@ -99,6 +114,10 @@ class EvalProtocol:
             raise ValueError(f"protocol.search_llm={self.search_llm!r}: want 'reader' or 'none'")
         if self.search_k < 1:
             raise ValueError("protocol.search_k must be >= 1")
+        if self.reader_budget_cap < 0:
+            raise ValueError(
+                "protocol.reader_budget_cap must be >= 0 (0 = each benchmark's published budget)"
+            )
         self.reader.validate(), self.judge.validate()
 
 
@@ -169,6 +188,27 @@ def check_no_leak(writers: list[WriterConfig], protocol: EvalProtocol) -> None:
                     f"writer {w.name} ({w.base_url}, model {w.model!r}) is also the {role}: the writer would "
                     f"leak into a fixed role; point protocol.{role} at the fixed model"
                 )
+
+
+# The writer's decoding under the evaluation protocol: each framework's own defaults (training samples at
+# 1.0 for on-policy rollouts; the evaluation is the frameworks as shipped). Native: greedy.
+EVAL_DECODING: dict[str, dict[str, float]] = {
+    "native": {"temperature": 0.0},
+    "mem0": {"temperature": 0.1, "top_p": 0.1},  # mem0's BaseLlmConfig defaults
+    "hy_memory": {"temperature": 0.1},
+    "memoryos": {"temperature": 0.7},
+    "everos": {"temperature": 0.0},  # everalgo LLMConfig's default
+}
+
+
+def eval_decoding(h: HarnessConfig) -> HarnessConfig:
+    """A copy of a training harness config that samples as the evaluation protocol does."""
+    knobs = EVAL_DECODING.get(h.framework)
+    if knobs is None:
+        raise ValueError(f"no evaluation decoding known for framework {h.framework!r} (EVAL_DECODING)")
+    if h.framework == "native":
+        return dataclasses.replace(h, native=dataclasses.replace(h.native, **knobs))
+    return dataclasses.replace(h, options={**h.options, **knobs})
 
 
 @dataclass

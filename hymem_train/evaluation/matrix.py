@@ -6,9 +6,14 @@ Resumable (nothing paid twice): a bank build commits a copy of the closed bank a
 (`ckpt/`, with its progress inside, renamed into place) and `build.json` when done; each scored item
 is appended to the unit's `items.jsonl` as soon as its batch is judged. A rerun skips what is there.
 
-Failures (silent failure platform-error-as-reward): a bank build that still hits a platform failure after the harness's own
-retries and `build_retries` re-attempts, a failed search, or a reader / judge call that failed after
-its retries is recorded as a failure of that item: excluded from the mean and counted in the table.
+Failures (silent failure platform-error-as-reward), each item's record says which class (docs/evaluation.md):
+- platform: a bank build that still fails on the harness, its sandbox, its store or the network after
+  the harness's own retries and `build_retries` re-attempts; a failed search; a reader or judge call
+  that failed after its retries. The report drops the item for every writer.
+- writer: a bank build ended by the writer itself (its endpoint timed out on a write). The report
+  scores the item 0 for that writer. A malformed write is not a failure at all: the build goes on
+  and the bank holds what the writer managed.
+Any other exception is a bug and stops the run (the unit is redone on the next run).
 
 Layout: <out>/plan.json, <out>/cache/<writer>/<harness>/<sequence>/{bank,ckpt,build.json,items.jsonl};
 build.json holds the build's op mix (`ops`, reward.bank_metrics.op_counts) beside its status.
@@ -22,6 +27,8 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
+import subprocess
 import threading
 import time
 import uuid
@@ -32,9 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from data_pipeline.chunking import iso_date
 from data_pipeline.store import BuiltDataset
-from harnesses.base import Endpoint, PlatformError, WriteStatus, write_json_atomic
+from harnesses.base import Endpoint, HarnessError, PlatformError, WriteStatus, write_json_atomic
 from harnesses.registry import HarnessConfig, get_spec, make_harness
 from hymem_train.evaluation.config import MatrixConfig, WriterConfig
 from hymem_train.rollout.worker import chunk_messages, kill_sandboxes_until
@@ -75,6 +84,17 @@ class EmptyWriter(StaticWriter):
 
 class WriterLeakError(RuntimeError):
     """A writer served a call outside the write path (report: only the writer changes)."""
+
+
+class WriterFailure(RuntimeError):
+    """The writer itself ended a bank build (its endpoint timed out): scored 0, never excused."""
+
+
+PLATFORM, WRITER = "platform", "writer"
+# the platform's own failures: the harness, its sandbox process, its store, the network
+PLATFORM_ERRORS: tuple[type[BaseException], ...] = (
+    HarnessError, OSError, sqlite3.Error, subprocess.SubprocessError, httpx.TransportError,
+)  # fmt: skip
 
 
 @dataclass
@@ -232,7 +252,7 @@ def build_bank(
         return build_empty_bank(unit, hcfg, embedder)
     bank, ckpt = unit.dir / "bank", unit.dir / "ckpt"
     t0 = time.perf_counter()
-    error = ""
+    error, cls = "", PLATFORM
     for attempt in range(retries + 1):
         start, writes = restore(bank, ckpt)
         llm = writer.begin(unit)
@@ -253,7 +273,8 @@ def build_bank(
                 if counters is not None:
                     counters["write_calls"] += res.num_llm_calls
                 if res.status is WriteStatus.PLATFORM_ERROR:
-                    raise PlatformError(f"chunk {chunk.index}: {res.error}")
+                    exc = WriterFailure if res.writer_timeout else PlatformError
+                    raise exc(f"chunk {chunk.index}: {res.error}")
                 writes.append(res.to_json())
                 harness.close()
                 commit(bank, ckpt, len(writes), writes)
@@ -268,14 +289,19 @@ def build_bank(
             write_json_atomic(done, out)
             shutil.rmtree(ckpt, ignore_errors=True)
             return out
-        except Exception as e:  # a platform failure: retried from the last committed chunk
-            error = f"{type(e).__name__}: {e}"
+        except WriterFailure as e:  # the writer's own: not retried, scored 0
+            error, cls = f"{type(e).__name__}: {e}", WRITER
+            log.warning("%s: bank build ended by the writer: %s", unit.label, error)
+            break
+        except PLATFORM_ERRORS as e:  # retried from the last committed chunk
+            error, cls = f"{type(e).__name__}: {e}", PLATFORM
             log.warning("%s: bank build attempt %d failed: %s", unit.label, attempt + 1, error)
         finally:
             stop.set()
             release_harness(harness)
             writer.end(unit)
-    out = {"status": "failed", "error": error, "seconds": time.perf_counter() - t0, "attempts": retries + 1}
+    out = {"status": "failed", "error": error, "failure_class": cls, "seconds": time.perf_counter() - t0,
+           "attempts": attempt + 1}  # fmt: skip
     write_json_atomic(done, out)
     return out
 
@@ -366,7 +392,7 @@ def base_record(unit: Unit, pi: PlannedItem) -> dict[str, Any]:
 
 def answer_unit(
     unit: Unit, build: dict[str, Any], hcfg: HarnessConfig, endpoints: Endpoints, k: int,
-    reader: ChatClient, judges: dict[str, ChatClient],
+    readers: dict[str, ChatClient], judges: dict[str, ChatClient],
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Search, read and score the unit's pending items; appends them to items.jsonl and returns them."""
     path = unit.dir / "items.jsonl"
@@ -375,8 +401,12 @@ def answer_unit(
     if not pending:
         return []
     if build["status"] != "ok":
-        recs = [{**base_record(unit, pi), "failure": {"stage": "bank_build", "detail": build["error"]}}
-                for pi in pending]  # fmt: skip
+        fail = {
+            "stage": "bank_build",
+            "class": build.get("failure_class", PLATFORM),
+            "detail": build["error"],
+        }
+        recs = [{**base_record(unit, pi), "failure": fail} for pi in pending]
         append_records(path, recs)
         return recs
     searched = search_bank(unit, hcfg, endpoints, [pi.item.question for pi in pending], k)
@@ -385,32 +415,44 @@ def answer_unit(
     for pi, res in zip(pending, searched, strict=True):
         rec = base_record(unit, pi)
         if isinstance(res, Fault):
-            rec["failure"] = {"stage": "search", "detail": res.detail}
+            rec["failure"] = {"stage": "search", "class": PLATFORM, "detail": res.detail}
             recs.append(rec)
             continue
         rec["retrieved"] = [e.text for e in res]
         to_read.append((pi, rec, res))
-    answers = reader.run_batch(
-        [ChatRequest(pi.metric.reader_prompt(pi.item, ents), parse_answer, f"{unit.label} {pi.item.item_id}")
-         for pi, _, ents in to_read]
-    )  # fmt: skip
     to_judge: list[tuple[PlannedItem, dict[str, Any], str]] = []
-    for (pi, rec, _), ans in zip(to_read, answers, strict=True):
+    for (pi, rec, _), (ans, finish) in zip(to_read, read_answers(to_read, readers, unit.label), strict=True):
         if isinstance(ans, Fault):
-            rec["failure"] = {"stage": "reader", "detail": ans.detail}
+            rec["failure"] = {"stage": "reader", "class": PLATFORM, "detail": ans.detail}
             recs.append(rec)
             continue
-        rec["answer"] = ans
+        rec["answer"], rec["finish_reason"] = ans, finish  # "length": cut at the benchmark's budget
         to_judge.append((pi, rec, ans))
     verdicts = score_answers(to_judge, judges, unit.label)
     for (_, rec, _), v in zip(to_judge, verdicts, strict=True):
         if isinstance(v, Fault):
-            rec["failure"] = {"stage": "judge", "detail": v.detail}
+            rec["failure"] = {"stage": "judge", "class": PLATFORM, "detail": v.detail}
         else:
             rec["score"], rec["verdict"] = v.score, v.reason
         recs.append(rec)
     append_records(path, recs)
     return recs
+
+
+def read_answers(
+    to_read: list[tuple[PlannedItem, dict[str, Any], list[Any]]], readers: dict[str, ChatClient], where: str,
+) -> list[tuple[str | Fault, str]]:  # fmt: skip
+    """The fixed reader's (answer, finish_reason) per item, each benchmark under its own answer budget."""
+    out: list[tuple[str | Fault, str]] = [("", "")] * len(to_read)
+    by_bench: dict[str, list[int]] = {}
+    for i, (pi, _, _) in enumerate(to_read):
+        by_bench.setdefault(pi.item.benchmark, []).append(i)
+    for bench, idx in by_bench.items():
+        reqs = [ChatRequest(to_read[i][0].metric.reader_prompt(to_read[i][0].item, to_read[i][2]), parse_answer,
+                            f"{where} {to_read[i][0].item.item_id}") for i in idx]  # fmt: skip
+        for i, r in zip(idx, readers[bench].run_batch_finish(reqs), strict=True):
+            out[i] = r
+    return out
 
 
 def score_answers(
@@ -475,11 +517,12 @@ class MatrixRun:
         """Every writer's banks and answers; returns every item record of the matrix (cached ones too)."""
         plans = plan_matrix(self.cfg)
         check_plan(self.out, plan_record(plans, self.cfg))
-        reader = ChatClient(self.endpoints.reader)
-        judges = {}
+        readers, judges = {}, {}
         for p in plans:
             for b in p.benchmarks:
                 m = metric_for(b)
+                budget = self.cfg.protocol.budget(m)
+                readers[b] = ChatClient(dataclasses.replace(self.endpoints.reader, max_tokens=budget))
                 if m.judge_messages is not None and self.cfg.protocol.judge_mode == "protocol":
                     jc = self.endpoints.judge
                     if not jc.base_url:
@@ -491,8 +534,9 @@ class MatrixRun:
                     judges[b] = ChatClient(jc)
         for w in writers or self.cfg.writers:
             for p in plans:
-                self._run_cell(w, p, reader, judges)
-        self.stats["reader_calls"] += reader.stats["calls"]
+                self._run_cell(w, p, readers, judges)
+        self.stats["reader_calls"] += sum(r.stats["calls"] for r in readers.values())
+        self.stats["reader_cut"] += sum(r.stats["finish/length"] for r in readers.values())
         self.stats["judge_calls"] += sum(j.stats["calls"] for j in judges.values())
         return self.all_records(plans)
 
@@ -502,7 +546,7 @@ class MatrixRun:
             for seq, items in sorted(p.items.items())
         ]
 
-    def _run_cell(self, w: WriterConfig, p: HarnessPlan, reader, judges) -> None:
+    def _run_cell(self, w: WriterConfig, p: HarnessPlan, readers, judges) -> None:
         hcfg = self.cfg.harnesses[p.harness]
         units = self.units(w, p)
         chunks_of = {}
@@ -542,7 +586,7 @@ class MatrixRun:
         before = served() if served else None
         with _bar(len(units), f"answer {desc}", self.progress) as bar:
             for u, b in zip(units, builds, strict=True):
-                recs = answer_unit(u, b, hcfg, self.endpoints, self.cfg.protocol.search_k, reader, judges)
+                recs = answer_unit(u, b, hcfg, self.endpoints, self.cfg.protocol.search_k, readers, judges)
                 self.stats["items_scored"] += len(recs)
                 bar.update(1)
         if served and served() != before:

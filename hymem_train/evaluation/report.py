@@ -2,9 +2,19 @@
 table per harness), bootstrap 95% intervals on every cell and on the differences between writers, and a
 per-category breakdown. Scores are x100, as in the report.
 
-A failed item (bank build, search, reader or judge failure) is excluded from its cell's mean and counted
-next to it; it never scores 0 (silent failure platform-error-as-reward). A harness's score is the equal-weight mean of the
-metrics that ran (the table says how many of the report's six); the average is over harnesses.
+Failures (docs/evaluation.md, "Failures"), silent failure platform-error-as-reward:
+- a **writer failure** (the writer's own: its bank build ended on its timeout or its session's error)
+  scores 0 for that writer on every item it touches;
+- a **platform failure** (harness, sandbox, network, or the fixed reader / judge after their retries) is
+  excluded from the cell for **every** writer, so the writers' pairs stay complete.
+Both are counted per cell, with the reader answers cut at their budget (finish_reason "length").
+
+A harness's score is the equal-weight mean of the metrics that ran, except Shopping PS, which the report
+shows as its own column and leaves out of every mean; the Average is over harnesses.
+
+Intervals: an item-clustered paired bootstrap. Each replicate draws the source sequences (a LoCoMo
+conversation, a LongMemEval haystack) once, for every harness, metric and writer; cells, harness means,
+the Average and the writers' differences are all computed from that one draw.
 """
 
 from __future__ import annotations
@@ -24,25 +34,44 @@ from harnesses.base import write_json_atomic
 
 # the report's six metrics, in its column order
 REPORT_METRICS = ["LoCoMo Judge", "LongMemEval", "PersonaMem-v2", "Travel SPS", "Shopping PS", "CMB"]
+# shown as a column, kept out of every mean: the report does not average Shopping PS (a purchase-level
+# pass rate on another scale; docs/evaluation_benchmarks.md)
+OUT_OF_MEANS = {"Shopping PS"}
 # why a metric cannot run here at all (others that did not run had no data in this run)
 NOT_RUN_REASONS = {
-    "CMB": "no public CMB data or scorer found (docs/evaluation.md)",
+    "CMB": "not run (no public data): no public CMB data or scorer was found (docs/evaluation.md)"
 }
+PLATFORM, WRITER = "platform", "writer"
+# "clustered": one draw of source sequences per replicate for everything (the table's intervals);
+# "cell": each (harness, metric) cell drawn on its own, writers paired inside it (the comparison column);
+# "unpaired": every writer's cell drawn on its own (what a paired test must beat)
+RESAMPLING = ("clustered", "cell", "unpaired")
+TRUNCATION_FLAG = 0.01  # a cell whose cut reader answers exceed this share is flagged
 
 
 @dataclass
 class Cell:
-    mean: float  # x100; nan when every item failed
+    mean: float  # x100; nan when no item is left
     lo: float
     hi: float
-    n: int  # items scored
-    failures: int  # items excluded (counted, never scored)
+    n: int  # items in the mean (a writer failure is one of them, scored 0)
+    writer_failures: int = 0  # this writer's failures (scored 0)
+    excluded: int = 0  # items dropped for every writer: a platform failure on them
+    truncated: int = 0  # reader answers cut at the budget (in the mean as scored)
 
     def fmt(self) -> str:
         if self.n == 0:
-            return f"failed ({self.failures})" if self.failures else "-"
+            return f"excluded ({self.excluded})" if self.excluded else "-"
         s = f"{self.mean:.2f} [{self.lo:.2f}, {self.hi:.2f}]"
-        return s + (f" ({self.failures} failed)" if self.failures else "")
+        notes = []
+        if self.writer_failures:
+            notes.append(f"{self.writer_failures} writer-failed")
+        if self.excluded:
+            notes.append(f"{self.excluded} excluded")
+        if self.truncated:
+            flag = " TRUNCATION" if self.truncated > TRUNCATION_FLAG * self.n else ""
+            notes.append(f"{self.truncated} cut{flag}")
+        return s + (f" ({', '.join(notes)})" if notes else "")
 
 
 @dataclass
@@ -57,6 +86,22 @@ class MatrixTable:
     diffs: dict[tuple[str, str, str], Cell]  # (writer a, writer b, harness or "Average"): a - b
     categories: dict[tuple[str, str, str, str], tuple[float, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    resampling: str = "clustered"
+    # the same intervals under another resampling ("cell"), for the table's comparison section
+    compare: dict[str, Any] = field(default_factory=dict)
+
+    def mean_metrics(self, h: str) -> list[str]:
+        return [m for m in self.metrics.get(h, []) if base_metric(m) not in OUT_OF_MEANS]
+
+
+def base_metric(m: str) -> str:
+    return m.split(" (")[0]
+
+
+def failure_class(rec: dict[str, Any]) -> str | None:
+    """None for a scored item; records cached before failures had classes were all platform failures."""
+    f = rec.get("failure")
+    return None if f is None else f.get("class", PLATFORM)
 
 
 def _ci(samples: np.ndarray) -> tuple[float, float]:
@@ -66,85 +111,143 @@ def _ci(samples: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(s, 2.5)), float(np.percentile(s, 97.5))
 
 
+@dataclass
+class _CellData:
+    mean: float  # x100
+    sums: np.ndarray  # [C] per source sequence: sum of scores of the kept items
+    counts: np.ndarray  # [C] kept items
+    clusters: np.ndarray  # indices of the sequences this cell has items of
+    writer_failures: int
+    excluded: int
+    truncated: int
+
+
 def build_table(
     records: list[dict[str, Any]], writers: list[str], harnesses: list[str], held_out: dict[str, bool],
-    *, resamples: int = 1000, seed: int = 0,
+    *, resamples: int = 1000, seed: int = 0, resampling: str = "clustered", compare: str | None = "cell",
 ) -> MatrixTable:  # fmt: skip
-    """Cells, harness scores, averages and paired writer differences with percentile-bootstrap intervals.
-    Resampling draws the same items for every writer (a paired bootstrap: they answered the same items)."""
-    rng = np.random.default_rng(seed)
-    B = max(resamples, 1)
+    """Cells, harness scores, averages and paired writer differences with bootstrap intervals drawn as
+    `resampling` says; `compare` adds the harness and Average intervals under another resampling."""
+    if resampling not in RESAMPLING or compare not in (None, *RESAMPLING):
+        raise ValueError(f"resampling={resampling!r}, compare={compare!r}: want one of {RESAMPLING}")
     by: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
     for r in records:
         by[(r["harness"], r["metric"])][r["writer"]][r["item_id"]] = r
     metrics: dict[str, list[str]] = defaultdict(list)
     for h, m in sorted(by, key=lambda k: (harnesses.index(k[0]), _metric_order(k[1]))):
         metrics[h].append(m)
-    cells: dict[tuple[str, str, str], Cell] = {}
-    boot: dict[tuple[str, str, str], np.ndarray] = {}  # (writer, harness, metric) -> B means
+    clusters = sorted({cluster_of(r) for r in records})
+    cix = {c: i for i, c in enumerate(clusters)}
+    data: dict[tuple[str, str, str], _CellData] = {}
     categories: dict[tuple[str, str, str, str], tuple[float, int]] = {}
     for (h, m), per_writer in by.items():
         items = sorted({i for recs in per_writer.values() for i in recs})
-        idx = rng.integers(0, len(items), size=(B, len(items)))
+        # a platform failure (or a missing answer) of any writer drops the item for all: pairs stay whole
+        excluded = {i for i in items for w in writers
+                    if i not in per_writer.get(w, {}) or failure_class(per_writer[w][i]) == PLATFORM}  # fmt: skip
+        kept = [i for i in items if i not in excluded]
         for w in writers:
             recs = per_writer.get(w, {})
-            s = np.array([recs[i]["score"] if i in recs and "score" in recs[i] else np.nan for i in items])
-            n, fails = int((~np.isnan(s)).sum()), sum(1 for i in items if i in recs and "failure" in recs[i])
-            with np.errstate(invalid="ignore"), _quiet():  # a resample of only failed items: nan
-                means = np.nanmean(s[idx], axis=1) if n else np.full(B, np.nan)
-            boot[(w, h, m)] = means * 100
-            mean = float(np.nanmean(s) * 100) if n else math.nan
-            lo, hi = _ci(means * 100)
-            cells[(w, h, m)] = Cell(mean, lo, hi, n, fails)
+            s = np.array([recs[i].get("score", 0.0) for i in kept], dtype=float)  # writer failure: 0
+            c = np.array([cix[cluster_of(recs[i])] for i in kept], dtype=int)
+            data[(w, h, m)] = _CellData(
+                float(s.mean() * 100) if kept else math.nan,
+                np.bincount(c, weights=s, minlength=len(clusters)), np.bincount(c, minlength=len(clusters)),
+                np.unique(c), sum(failure_class(recs[i]) == WRITER for i in kept), len(excluded),
+                sum(recs[i].get("finish_reason") == "length" for i in kept),
+            )  # fmt: skip
             cat: dict[str, list[float]] = defaultdict(list)
-            for i in items:
-                if i in recs and "score" in recs[i]:
-                    cat[recs[i].get("category", "")].append(recs[i]["score"])
-            for c, v in cat.items():
-                categories[(w, h, m, c)] = (float(np.mean(v) * 100), len(v))
-    harness_scores: dict[tuple[str, str], Cell] = {}
+            for i in kept:
+                cat[recs[i].get("category", "")].append(recs[i].get("score", 0.0))
+            for k, v in cat.items():
+                categories[(w, h, m, k)] = (float(np.mean(v) * 100), len(v))
+    t = MatrixTable(
+        writers, harnesses, held_out, dict(metrics), {}, {}, {}, {}, categories, resampling=resampling
+    )
+    boots = _replicates(t, data, len(clusters), max(resamples, 1), np.random.default_rng(seed), resampling)
+    _fill(t, data, boots)
+    if compare and compare != resampling:
+        other = MatrixTable(writers, harnesses, held_out, dict(metrics), {}, {}, {}, {})
+        _fill(other, data, _replicates(other, data, len(clusters), max(resamples, 1),
+                                       np.random.default_rng(seed), compare))  # fmt: skip
+        t.compare = {"resampling": compare, "average": other.average, "harness_scores": other.harness_scores,
+                     "diffs": other.diffs}  # fmt: skip
+    return t
+
+
+def cluster_of(rec: dict[str, Any]) -> str:
+    """The resampling unit: the item's source sequence (every question asked of one conversation)."""
+    return rec.get("sequence_id") or rec["item_id"]
+
+
+def _weights(rng: np.random.Generator, B: int, C: int, among: np.ndarray) -> np.ndarray:
+    """[B, C] how often each sequence is drawn, drawing len(among) of them with replacement."""
+    idx = among[rng.integers(0, len(among), size=(B, len(among)))] if len(among) else np.zeros((B, 0), int)
+    w = np.zeros((B, C))
+    np.add.at(w, (np.repeat(np.arange(B), idx.shape[1]), idx.ravel()), 1.0)
+    return w
+
+
+def _replicates(
+    t: MatrixTable, data: dict[tuple[str, str, str], _CellData], C: int, B: int, rng: np.random.Generator,
+    resampling: str,
+) -> dict[tuple[str, str, str], np.ndarray]:  # fmt: skip
+    """[B] replicate means (x100) of every cell."""
+    every = np.arange(C)
+    shared = _weights(rng, B, C, every) if resampling == "clustered" else None
+    per_cell: dict[tuple[str, str], np.ndarray] = {}
+    out = {}
+    for (w, h, m), d in data.items():
+        if shared is not None:
+            W = shared
+        elif resampling == "cell":
+            if (h, m) not in per_cell:
+                per_cell[(h, m)] = _weights(rng, B, C, d.clusters)
+            W = per_cell[(h, m)]
+        else:
+            W = _weights(rng, B, C, d.clusters)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[(w, h, m)] = (W @ d.sums) / (W @ d.counts) * 100  # nan: a draw without this cell's items
+    return out
+
+
+def _fill(t: MatrixTable, data: dict[tuple[str, str, str], _CellData], boots: dict) -> None:
+    """Cells, harness scores, the Average and the differences, all from the same replicates."""
+    for key, d in data.items():
+        t.cells[key] = Cell(d.mean, *_ci(boots[key]), int(d.counts.sum()), d.writer_failures, d.excluded,
+                            d.truncated)  # fmt: skip
     hboot: dict[tuple[str, str], np.ndarray] = {}
-    for w in writers:
-        for h in harnesses:
-            ms = metrics.get(h, [])
+    for w in t.writers:
+        for h in t.harnesses:
+            ms = t.mean_metrics(h)
             if not ms:
                 continue
-            stack = np.stack([boot[(w, h, m)] for m in ms])
             with np.errstate(invalid="ignore"), _quiet():
-                hb = np.nanmean(stack, axis=0)
-            hboot[(w, h)] = hb
-            vals = [cells[(w, h, m)].mean for m in ms if cells[(w, h, m)].n]
-            lo, hi = _ci(hb)
-            harness_scores[(w, h)] = Cell(
-                float(np.mean(vals)) if vals else math.nan, lo, hi,
-                sum(cells[(w, h, m)].n for m in ms), sum(cells[(w, h, m)].failures for m in ms),
-            )  # fmt: skip
-    average: dict[str, Cell] = {}
+                hboot[(w, h)] = np.nanmean(np.stack([boots[(w, h, m)] for m in ms]), axis=0)
+            t.harness_scores[(w, h)] = _sum_cell([t.cells[(w, h, m)] for m in ms], hboot[(w, h)])
     aboot: dict[str, np.ndarray] = {}
-    for w in writers:
-        hs = [h for h in harnesses if (w, h) in hboot]
-        if not hs:
-            continue
-        with np.errstate(invalid="ignore"), _quiet():
-            aboot[w] = np.nanmean(np.stack([hboot[(w, h)] for h in hs]), axis=0)
-        vals = [harness_scores[(w, h)].mean for h in hs if harness_scores[(w, h)].n]
-        lo, hi = _ci(aboot[w])
-        average[w] = Cell(float(np.mean(vals)) if vals else math.nan, lo, hi,
-                          sum(harness_scores[(w, h)].n for h in hs), sum(harness_scores[(w, h)].failures for h in hs))  # fmt: skip
-    diffs: dict[tuple[str, str, str], Cell] = {}
-    for i, a in enumerate(writers):
-        for b in writers[i + 1 :]:
-            pairs = [("Average", aboot.get(a), aboot.get(b), average.get(a), average.get(b))]
-            pairs += [(h, hboot.get((a, h)), hboot.get((b, h)), harness_scores.get((a, h)), harness_scores.get((b, h)))
-                      for h in harnesses]  # fmt: skip
-            for col, ba, bb, ca, cb in pairs:
-                if ba is None or bb is None or ca is None or cb is None:
-                    continue
-                lo, hi = _ci(ba - bb)
-                diffs[(a, b, col)] = Cell(ca.mean - cb.mean, lo, hi, min(ca.n, cb.n), 0)
-    return MatrixTable(
-        writers, harnesses, held_out, dict(metrics), cells, harness_scores, average, diffs, categories
-    )
+    for w in t.writers:
+        hs = [h for h in t.harnesses if (w, h) in hboot]
+        if hs:
+            with np.errstate(invalid="ignore"), _quiet():
+                aboot[w] = np.nanmean(np.stack([hboot[(w, h)] for h in hs]), axis=0)
+            t.average[w] = _sum_cell([t.harness_scores[(w, h)] for h in hs], aboot[w])
+    for i, a in enumerate(t.writers):
+        for b in t.writers[i + 1 :]:
+            cols = [("Average", aboot.get(a), aboot.get(b), t.average.get(a), t.average.get(b))]
+            cols += [(h, hboot.get((a, h)), hboot.get((b, h)), t.harness_scores.get((a, h)),
+                      t.harness_scores.get((b, h))) for h in t.harnesses]  # fmt: skip
+            for col, ba, bb, ca, cb in cols:
+                if ba is not None and bb is not None and ca is not None and cb is not None:
+                    t.diffs[(a, b, col)] = Cell(ca.mean - cb.mean, *_ci(ba - bb), min(ca.n, cb.n))
+
+
+def _sum_cell(parts: list[Cell], boot: np.ndarray) -> Cell:
+    """A mean over cells (equal weight, cells without items left out) with its replicates' interval."""
+    vals = [c.mean for c in parts if c.n]
+    return Cell(float(np.mean(vals)) if vals else math.nan, *_ci(boot), sum(c.n for c in parts),
+                sum(c.writer_failures for c in parts), sum(c.excluded for c in parts),
+                sum(c.truncated for c in parts))  # fmt: skip
 
 
 class _quiet:
@@ -173,7 +276,9 @@ def harness_label(h: str, t: MatrixTable) -> str:
 def to_markdown(t: MatrixTable, header: list[str]) -> str:
     L = ["# Writer-only swap matrix", "", *header, ""]
     L += [
-        "Scores x100, mean [bootstrap 95% interval]; failed items are excluded and counted, never scored 0.",
+        f"Scores x100, mean [95% interval, {RESAMPLING_LABEL[t.resampling]}]. A writer failure scores 0 "
+        '("writer-failed"); a platform failure drops the item for every writer ("excluded"); "cut" counts '
+        f"reader answers stopped at their token budget (TRUNCATION: above {TRUNCATION_FLAG:.0%} of the cell).",
         "",
     ]
     cols = [harness_label(h, t) for h in t.harnesses] + ["Average"]
@@ -184,10 +289,14 @@ def to_markdown(t: MatrixTable, header: list[str]) -> str:
         L.append(f"| {w} | " + " | ".join(row) + " |")
     L.append("")
     for h in t.harnesses:
-        ran = t.metrics.get(h, [])
-        report_ran = [m for m in ran if m.split(" (")[0] in REPORT_METRICS]
-        L.append(f"Harness score of {harness_label(h, t)}: mean over {len(ran)} metric(s) that ran "
-                 f"({len(report_ran)} of the report's {len(REPORT_METRICS)}).")  # fmt: skip
+        ran, averaged = t.metrics.get(h, []), t.mean_metrics(h)
+        report_ran = [m for m in averaged if base_metric(m) in REPORT_METRICS]
+        left = [m for m in ran if m not in averaged]
+        L.append(f"Harness score of {harness_label(h, t)}: mean of {', '.join(averaged) or 'no metric'} "
+                 f"({len(report_ran)} of the report's {len(REPORT_METRICS)} metrics)"
+                 + (f"; {', '.join(left)} shown per metric, out of the means (as the report)" if left else "")
+                 + ".")  # fmt: skip
+    L.append("Average: the mean of the harness scores above.")
     L.append("")
     if t.diffs:
         L += ["## Differences between writers (paired bootstrap; an interval containing 0 is a tie)", ""]
@@ -208,6 +317,8 @@ def to_markdown(t: MatrixTable, header: list[str]) -> str:
                     )
             L.append(f"| {a} - {b} | " + " | ".join(row) + " |")
         L.append("")
+    if t.compare:
+        L += _comparison(t)
     not_run = [
         m for m in REPORT_METRICS if not any(x.split(" (")[0] == m for ms in t.metrics.values() for x in ms)
     ]
@@ -220,8 +331,7 @@ def to_markdown(t: MatrixTable, header: list[str]) -> str:
         L.append("")
     if not_run:
         L += [
-            "Not run: "
-            + "; ".join(f"{m} ({NOT_RUN_REASONS.get(m, 'no data in this run')})" for m in not_run),
+            "Not run: " + "; ".join(f"{m}: {NOT_RUN_REASONS.get(m, 'no data in this run')}" for m in not_run),
             "",
         ]
     if t.categories:
@@ -236,16 +346,58 @@ def to_markdown(t: MatrixTable, header: list[str]) -> str:
     return "\n".join(L) + "\n"
 
 
+def _comparison(t: MatrixTable) -> list[str]:
+    """The table's intervals beside the same ones under another resampling, for writers and their pairs."""
+    other = t.compare
+    cols = ["Average", *t.harnesses]
+    head = [
+        f"{harness_label(c, t) if c != 'Average' else c}: {k}"
+        for c in cols
+        for k in (t.resampling, other["resampling"])
+    ]
+    L = [f"## Intervals side by side: {t.resampling} (the table's) and {other['resampling']}", "",
+         f"{t.resampling}: {RESAMPLING_LABEL[t.resampling]}; {other['resampling']}: "
+         f"{RESAMPLING_LABEL[other['resampling']]}. Same point estimates; only the intervals differ.", "",
+         "| Row | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]  # fmt: skip
+
+    sources = ((t.average, t.harness_scores), (other["average"], other["harness_scores"]))
+    for w in t.writers:
+        row = [_iv(avg.get(w) if c == "Average" else hs.get((w, c))) for c in cols for avg, hs in sources]
+        L.append(f"| {w} | " + " | ".join(row) + " |")
+    for a, b in sorted(
+        {(a, b) for a, b, _ in t.diffs}, key=lambda p: (t.writers.index(p[0]), t.writers.index(p[1]))
+    ):
+        row = [_iv(d.get((a, b, c)), signed=True) for c in cols for d in (t.diffs, other["diffs"])]
+        L.append(f"| {a} - {b} | " + " | ".join(row) + " |")
+    return [*L, ""]
+
+
+RESAMPLING_LABEL = {
+    "clustered": "source sequences drawn once per replicate for every cell and writer",
+    "cell": "each cell's sequences drawn on their own, writers paired within a cell",
+    "unpaired": "every writer's cell drawn on its own",
+}
+
+
+def _iv(c: Cell | None, signed: bool = False) -> str:
+    if c is None or math.isnan(c.lo):
+        return "-"
+    f = "{:+.2f}" if signed else "{:.2f}"
+    return f"[{f.format(c.lo)}, {f.format(c.hi)}]"
+
+
 def to_csv(t: MatrixTable) -> str:
     buf = io.StringIO()
     wr = csv.writer(buf)
-    wr.writerow(["writer", "harness", "metric", "mean", "ci_low", "ci_high", "n", "failures"])
-    for (w, h, m), c in sorted(t.cells.items()):
-        wr.writerow([w, h, m, _r(c.mean), _r(c.lo), _r(c.hi), c.n, c.failures])
-    for (w, h), c in sorted(t.harness_scores.items()):
-        wr.writerow([w, h, "harness_score", _r(c.mean), _r(c.lo), _r(c.hi), c.n, c.failures])
-    for w, c in t.average.items():
-        wr.writerow([w, "Average", "average", _r(c.mean), _r(c.lo), _r(c.hi), c.n, c.failures])
+    wr.writerow(["writer", "harness", "metric", "mean", "ci_low", "ci_high", "n", "writer_failures", "excluded",
+                 "truncated"])  # fmt: skip
+    rows = [(w, h, m, c) for (w, h, m), c in sorted(t.cells.items())]
+    rows += [(w, h, "harness_score", c) for (w, h), c in sorted(t.harness_scores.items())]
+    rows += [(w, "Average", "average", c) for w, c in t.average.items()]
+    for w, h, m, c in rows:
+        wr.writerow(
+            [w, h, m, _r(c.mean), _r(c.lo), _r(c.hi), c.n, c.writer_failures, c.excluded, c.truncated]
+        )
     return buf.getvalue()
 
 
@@ -295,7 +447,14 @@ def write_outputs(out: Path, t: MatrixTable, records: list[dict[str, Any]], head
     atomic_write_text(out / "items.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
     to_png(t, out / "table.png")
     summary = {
+        "resampling": t.resampling,
         "average": {w: c.__dict__ for w, c in t.average.items()},
+        "diffs": {f"{a}-{b}/{col}": c.__dict__ for (a, b, col), c in t.diffs.items()},
+        "compare": {
+            "resampling": t.compare.get("resampling"),
+            "average": {w: c.__dict__ for w, c in t.compare.get("average", {}).items()},
+            "diffs": {f"{a}-{b}/{col}": c.__dict__ for (a, b, col), c in t.compare.get("diffs", {}).items()},
+        },
         "harness_scores": {f"{w}/{h}": c.__dict__ for (w, h), c in t.harness_scores.items()},
         "cells": {f"{w}/{h}/{m}": c.__dict__ for (w, h, m), c in t.cells.items()},
         **extra,

@@ -9,7 +9,8 @@ request so tests can count LLM calls (what was paid for) and check the headers a
     with StandInServer(lambda body: '{"score": 1}') as srv:
         client = OpenAI(base_url=srv.base_url, api_key="x")
 
-Replies: a list (consumed in order; the last one repeats), or a callable `(request_json) -> reply`.
+Replies: a list (consumed in order; the last one repeats), or a callable `(request_json) -> reply`;
+`honour_max_tokens=True` cuts a reply at the request's max_tokens (finish_reason "length").
 A reply is a string (the assistant content, valid or deliberately malformed JSON), an `HttpFailure`
 (status code, optional delay), or an int (shorthand for an HTTP error with that status). A callable
 that raises answers HTTP 500. `requests` keeps every request (path, key, headers, body, status);
@@ -92,12 +93,16 @@ class StandInServer:
         embed_fn: Callable[[list[str]], list[list[float]]] | None = None,
         host: str = "127.0.0.1",
         model: str = "stand-in",
+        honour_max_tokens: bool = False,
     ):
         self._replies = replies if replies is not None else ['{"ops": [{"op": "NONE"}]}']
         self._reply_idx = 0
         self.allowed_keys = allowed_keys
         self.embed_fn = embed_fn or (lambda texts: [hash_embedding(t) for t in texts])
         self.model = model  # the id GET /v1/models lists, and the default "model" of a completion
+        # cut a reply at the request's max_tokens (in whitespace words, as `usage` counts) with
+        # finish_reason "length", as a real server does; off: the scripted reply is sent whole
+        self.honour_max_tokens = honour_max_tokens
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer((host, 0), self._handler_class())
@@ -223,6 +228,9 @@ class StandInServer:
                         reply.status, {"error": {"message": reply.body, "type": "server_error"}}
                     )
                 self._record(body, 200)
+                finish, budget = "stop", body.get("max_tokens")
+                if server.honour_max_tokens and budget and len(str(reply).split()) > budget:
+                    reply, finish = " ".join(str(reply).split()[:budget]), "length"
                 self._send(
                     200,
                     {
@@ -234,7 +242,7 @@ class StandInServer:
                             {
                                 "index": 0,
                                 "message": {"role": "assistant", "content": reply},
-                                "finish_reason": "stop",
+                                "finish_reason": finish,
                             }
                         ],
                         "usage": usage(body, reply),

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from data_pipeline.build import build, load_config
+from data_pipeline.memoryarena import DAY_KEYS
 from hymem_train.config import compose, to_typed
 from hymem_train.evaluate import evaluate
 from hymem_train.evaluation.matrix import WriterLeakError
 from hymem_train.run_config import EvaluateConfig
-from tests.doubles.openai_server import StandInServer
+from tests.doubles.openai_server import HttpFailure, StandInServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +77,8 @@ def overrides(data, out, writers, rd, jd, *extra):
         "protocol.reader.num_retries=0", "protocol.judge.num_retries=1", "protocol.judge.retry_backoff_s=0",
         "max_items_per_benchmark=6", "bootstrap_resamples=200", f"run.output_dir={out}",
         # the exp's CPU defaults (the demo teacher as local reader, token F1) replaced by the stand-ins
-        "local_reader=false", "protocol.judge_mode=protocol", "parallel_builds=1", *extra,
+        "local_reader=false", "protocol.judge_mode=protocol", "protocol.reader_budget_cap=0", "parallel_builds=1",
+        *extra,
     ]  # fmt: skip
 
 
@@ -118,7 +120,10 @@ def test_table_two_writers_locomo_and_longmemeval(locomo, reference):
     for f in ("table.csv", "table.png", "items.jsonl", "endpoints.json", "plan.json"):
         assert (out / f).stat().st_size > 0, f
     assert "| copy |" in md and "| empty |" in md and "LoCoMo Judge" in md and "LongMemEval" in md
-    assert "Not run: PersonaMem-v2" in md and "CMB (no public CMB data" in md
+    assert "Not run: PersonaMem-v2: no data in this run" in md and "CMB: not run (no public data)" in md
+    assert "Intervals side by side: clustered (the table's) and cell" in md
+    # the reader answered each benchmark under its published budget (LoCoMo: Mem0 sets none, 1024 here)
+    assert {b["max_tokens"] for b in rd.chat_bodies()} == {1024, 800}
     recs = [json.loads(x) for x in (out / "items.jsonl").read_text().splitlines()]
     bench = {r["benchmark"] for r in recs}
     assert bench == {"locomo", "longmemeval_s"}
@@ -213,21 +218,43 @@ def test_injected_harness_crash_is_a_counted_failure_not_a_zero(locomo, servers,
     failed = [r for r in recs if "failure" in r]
     assert failed and {r["sequence_id"] for r in failed} == {crashed}
     assert all(r["failure"]["stage"] == "bank_build" and "score" not in r for r in failed)
+    assert {r["failure"]["class"] for r in failed} == {"platform"}  # the sandbox died: not the writer's
     build = json.loads(
         (Path(res["out"]) / "cache/copy/native" / crashed.replace("/", "_") / "build.json").read_text()
     )
-    assert build["status"] == "failed" and build["attempts"] == 2
+    assert build["status"] == "failed" and build["attempts"] == 2 and build["failure_class"] == "platform"
     t = res["table"]
     for m in t.metrics["native"]:
         cell = t.cells[("copy", "native", m)]
         fails = sum(1 for r in failed if r["metric"] == m)
-        assert cell.failures == fails
+        assert cell.excluded == fails and cell.writer_failures == 0
         scored = [r["score"] for r in recs if r["metric"] == m and "score" in r]
         assert cell.n == len(scored) and (
             not scored or abs(cell.mean - 100 * sum(scored) / len(scored)) < 1e-9
         )
     md = (Path(res["out"]) / "table.md").read_text()
-    assert f"({len(failed)} failed)" in md
+    assert f"{len(failed)} excluded" in md or "excluded (" in md
+
+
+def test_a_writer_that_times_out_fails_its_items_as_zeros_and_is_not_retried(locomo, servers, tmp_path):
+    """The writer's endpoint answers slower than the writer's timeout: its bank builds end as writer
+    failures (not retried, not excused as the platform's), and its items are 0 in its means; the other
+    writer's pairs on those items stay in the table."""
+    writers, rd, jd = servers
+    with StandInServer(lambda body: HttpFailure(500, delay_s=1.5)) as slow:
+        args = overrides(locomo, tmp_path, {"copy": writers["copy"], "slow": slow}, rd, jd)
+        args = [a.replace("model: slow}", "model: slow, timeout_s: 0.3}") for a in args]
+        res = evaluate(cfg_of(args), progress=False)
+    recs = [r for r in res["records"] if r["writer"] == "slow"]
+    assert recs and all(r["failure"]["class"] == "writer" and "score" not in r for r in recs)
+    builds = list((Path(res["out"]) / "cache/slow/native").glob("*/build.json"))
+    assert builds and all(json.loads(b.read_text())["attempts"] == 1 for b in builds)  # not retried
+    t = res["table"]
+    for m in t.metrics["native"]:
+        slow_cell, copy_cell = t.cells[("slow", "native", m)], t.cells[("copy", "native", m)]
+        assert slow_cell.mean == 0.0 and slow_cell.writer_failures == slow_cell.n == copy_cell.n > 0
+        assert copy_cell.excluded == 0
+    assert "writer-failed" in (Path(res["out"]) / "table.md").read_text()
 
 
 def test_writer_that_serves_a_fixed_role_is_refused(locomo, servers, tmp_path):
@@ -288,3 +315,49 @@ def test_personamem_and_memoryarena_cells(servers, tmp_path):
     assert all("score" in r for r in recs) and not jd.requests  # scored locally, no judge call
     # each benchmark's own reader prompt: PersonaMem's multiple choice asks for the letter
     assert any("Final Answer" in user_text(b) for b in rd.chat_bodies())
+
+
+def long_reader(body):
+    """Full-length answers: a 7-day Travel plan (~300 words of JSON) and a PersonaMem answer that reasons
+    for ~90 words before its letter. A 64-token budget cuts both."""
+    system = body["messages"][0]["content"]
+    if system.startswith("You plan trips"):
+        day = {k: f"a long planned {k} entry for this day with several words" for k in DAY_KEYS}
+        return json.dumps([{**day, "days": d} for d in range(1, 8)])
+    if "personalized" in system:
+        return "The records say the user prefers quiet places and reads a lot. " * 7 + "Final Answer: A"
+    return "ASIN: B000000000"
+
+
+def test_each_benchmark_reads_under_its_published_budget_and_cut_answers_are_counted(tmp_path):
+    fix = REPO / "tests" / "fixtures" / "eval_benchmarks"
+    sources = (
+        f"[{{kind: personamem_v2, path: '{fix}/personamem_v2/benchmark/text/benchmark.csv', name: ''}},"
+        f" {{kind: memoryarena_travel, path: '{fix}/memoryarena/group_travel_planner/test.jsonl', name: ''}}]"
+    )
+    build(load_config(["+exp=data_report_eval", f"out_dir={tmp_path / 'data'}", f"data.sources={sources}",
+                       "~data.profiles.hy_memory", "~data.profiles.memos"]))  # fmt: skip
+    with (
+        StandInServer(copy_writer) as wr,
+        StandInServer(long_reader, honour_max_tokens=True) as rd,
+        StandInServer(judge) as jd,
+    ):
+
+        def run(out, *extra):
+            args = overrides(tmp_path / "data" / "mem0", tmp_path / out, {"copy": wr}, rd, jd, "subsample=all",
+                             "max_items_per_benchmark=3", *extra)  # fmt: skip
+            return evaluate(cfg_of(args), progress=False)
+
+        res = run("published")
+        budgets = {b["messages"][0]["content"][:14]: b["max_tokens"] for b in rd.chat_bodies()}
+        assert sorted(budgets.values()) == [4096, 32768]  # PersonaMem-v2, MemoryArena travel
+        assert {r["finish_reason"] for r in res["records"]} == {"stop"}
+        assert all(r["answer"].rstrip().endswith(("]", "Final Answer: A")) for r in res["records"])
+        cut = run("capped", "protocol.reader_budget_cap=64")
+    assert {r["finish_reason"] for r in cut["records"]} == {"length"}
+    t = cut["table"]
+    for m in ("PersonaMem-v2", "Travel SPS"):
+        c = t.cells[("copy", "native", m)]
+        assert c.truncated == c.n > 0
+    md = (Path(cut["out"]) / "table.md").read_text()
+    assert "TRUNCATION" in md and "capped at 64" in md

@@ -3,6 +3,7 @@ held-out columns marked; and the judge replies' strict parsing (an off-contract 
 
 import math
 
+import numpy as np
 import pytest
 
 from hymem_train.evaluation.report import build_table, to_markdown
@@ -16,52 +17,109 @@ from reward.eval_protocol import (
 from reward.llm import ParseError
 
 
-def rec(w, h, m, i, score=None, fail=False, cat="1"):
-    r = {"writer": w, "harness": h, "metric": m, "item_id": f"q{i}", "category": cat}
+def rec(w, h, m, i, score=None, fail=None, cat="1", seq=None, finish="stop"):
+    """One scored item, or a failed one: fail = "writer" | "platform"."""
+    r = {"writer": w, "harness": h, "metric": m, "item_id": f"q{i}", "category": cat,
+         "sequence_id": seq or f"s{i}"}  # fmt: skip
     if fail:
-        r["failure"] = {"stage": "bank_build", "detail": "x"}
+        r["failure"] = {"stage": "bank_build", "class": fail, "detail": "x"}
     else:
-        r["score"] = score
+        r["score"], r["finish_reason"] = score, finish
     return r
 
 
-def test_failures_are_excluded_and_counted_and_means_compose():
+def test_writer_failures_score_zero_and_platform_failures_drop_the_item_for_every_writer():
     recs = [rec("a", "mem0", "LoCoMo Judge", i, s) for i, s in enumerate([1, 0, 1, 1])]
-    recs += [rec("a", "mem0", "LongMemEval", i, s) for i, s in enumerate([0, 0])]
-    recs += [rec("a", "mem0", "LongMemEval", 9, fail=True)]
-    recs += [rec("a", "everos", "LoCoMo Judge", i, 1) for i in range(3)]
-    t = build_table(recs, ["a"], ["mem0", "everos"], {"mem0": False, "everos": True}, resamples=300)
-    c = t.cells[("a", "mem0", "LongMemEval")]
-    assert (c.mean, c.n, c.failures) == (0.0, 2, 1)  # the failed item is not a 0 in the mean
+    recs += [rec("b", "mem0", "LoCoMo Judge", i, 1) for i in range(4)]
+    recs += [rec("a", "mem0", "LongMemEval", 5, 1), rec("a", "mem0", "LongMemEval", 6, fail="writer")]
+    recs += [rec("b", "mem0", "LongMemEval", 5, 1), rec("b", "mem0", "LongMemEval", 6, 1)]
+    recs += [rec("a", "mem0", "LongMemEval", 7, 1), rec("b", "mem0", "LongMemEval", 7, fail="platform")]
+    recs += [rec(w, "everos", "LoCoMo Judge", i, 1) for w in "ab" for i in range(3)]
+    t = build_table(recs, ["a", "b"], ["mem0", "everos"], {"mem0": False, "everos": True}, resamples=300)
+    a, b = t.cells[("a", "mem0", "LongMemEval")], t.cells[("b", "mem0", "LongMemEval")]
+    # a's own failure is a 0 in a's mean; b's platform failure on q7 drops q7 for a as well
+    assert (a.mean, a.n, a.writer_failures, a.excluded) == (50.0, 2, 1, 1)
+    assert (b.mean, b.n, b.writer_failures, b.excluded) == (100.0, 2, 0, 1)
     assert t.cells[("a", "mem0", "LoCoMo Judge")].mean == 75.0
-    assert t.harness_scores[("a", "mem0")].mean == pytest.approx((75.0 + 0.0) / 2)
-    assert t.average["a"].mean == pytest.approx(((75.0 + 0.0) / 2 + 100.0) / 2)
+    assert t.harness_scores[("a", "mem0")].mean == pytest.approx((75.0 + 50.0) / 2)
+    assert t.average["a"].mean == pytest.approx(((75.0 + 50.0) / 2 + 100.0) / 2)
     md = to_markdown(t, [])
-    assert "everos (held out)" in md and "(1 failed)" in md
-    assert "mean over 2 metric(s) that ran (2 of the report's 6)" in md
+    assert "everos (held out)" in md and "(1 writer-failed, 1 excluded)" in md
+    assert "mean of LoCoMo Judge, LongMemEval (2 of the report's 6 metrics)" in md
+
+
+def test_shopping_ps_is_a_column_out_of_every_mean_and_cmb_is_not_run():
+    recs = [rec("a", "native", "Travel SPS", i, 0.5) for i in range(4)]
+    recs += [rec("a", "native", "Shopping PS", 10 + i, 1.0) for i in range(4)]
+    t = build_table(recs, ["a"], ["native"], {}, resamples=50)
+    assert t.cells[("a", "native", "Shopping PS")].mean == 100.0
+    assert t.harness_scores[("a", "native")].mean == 50.0 and t.average["a"].mean == 50.0
+    md = to_markdown(t, [])
+    assert "Shopping PS shown per metric, out of the means" in md
+    assert "CMB: not run (no public data)" in md
+
+
+def test_truncated_answers_are_counted_and_flagged_above_one_percent():
+    recs = [rec("a", "native", "Travel SPS", i, 0.0, finish="length" if i < 2 else "stop") for i in range(50)]
+    c = build_table(recs, ["a"], ["native"], {}, resamples=20).cells[("a", "native", "Travel SPS")]
+    assert c.truncated == 2 and "2 cut TRUNCATION" in c.fmt()
+
+
+def _correlated(n=80, seed=0):
+    """Two writers over n conversations, each conversation feeding two harnesses with the same score
+    (an easy conversation is easy everywhere); writer b scores a conversation's items like a does."""
+    rng = np.random.default_rng(seed)
+    easy = rng.random(n) < 0.5
+    return [rec(w, h, "LoCoMo Judge", f"{h}{i}", float(easy[i]), seq=f"conv{i}")
+            for w in "ab" for h in ("mem0", "hy_memory") for i in range(n)]  # fmt: skip
+
+
+def test_clustered_intervals_widen_where_items_are_shared_across_cells():
+    """The same conversations feed both harnesses: drawing each cell on its own treats them as independent
+    evidence and narrows the Average's interval by about sqrt(2); the clustered draw does not."""
+    t = build_table(_correlated(), ["a", "b"], ["mem0", "hy_memory"], {}, resamples=2000)
+    assert t.resampling == "clustered" and t.compare["resampling"] == "cell"
+    width = t.average["a"].hi - t.average["a"].lo
+    cell = t.compare["average"]["a"]
+    ratio = width / (cell.hi - cell.lo)
+    assert 1.25 < ratio < 1.6, ratio  # sqrt(2) = 1.41 in expectation
+    assert "Intervals side by side: clustered (the table's) and cell" in to_markdown(t, [])
+
+
+def test_a_small_paired_difference_is_detected_paired_and_missed_unpaired():
+    """Writer a gets 6 of 200 items right that b misses, and every other item the same: +3 points."""
+    n = 200
+    hard = np.random.default_rng(1).random(n) < 0.5
+    b = [rec("b", "native", "LoCoMo Judge", i, float(not hard[i])) for i in range(n)]
+    flips = [i for i in range(n) if hard[i]][:6]
+    a = [rec("a", "native", "LoCoMo Judge", i, float(not hard[i] or i in flips)) for i in range(n)]
+    paired = build_table(a + b, ["a", "b"], ["native"], {}, resamples=2000)
+    d = paired.diffs[("a", "b", "Average")]
+    assert d.mean == pytest.approx(3.0) and d.lo > 0
+    unpaired = build_table(a + b, ["a", "b"], ["native"], {}, resamples=2000, resampling="unpaired")
+    u = unpaired.diffs[("a", "b", "Average")]
+    assert u.mean == pytest.approx(3.0) and u.lo < 0 < u.hi
 
 
 def test_paired_difference_is_a_tie_only_when_its_interval_holds_zero():
     n = 60
     same = [rec(w, "native", "LoCoMo Judge", i, i % 2) for w in ("a", "b") for i in range(n)]
-    t = build_table(same, ["a", "b"], ["native"], {}, resamples=500)
-    d = t.diffs[("a", "b", "Average")]
+    d = build_table(same, ["a", "b"], ["native"], {}, resamples=500).diffs[("a", "b", "Average")]
     assert d.mean == 0 and d.lo <= 0 <= d.hi
-    better = [rec("a", "native", "LoCoMo Judge", i, 1) for i in range(n)]
-    better += [rec("b", "native", "LoCoMo Judge", i, 1 if i < n // 2 else 0) for i in range(n)]
-    t = build_table(better, ["a", "b"], ["native"], {}, resamples=500)
-    d = t.diffs[("a", "b", "Average")]
     assert (
-        d.mean == 50.0 and d.lo > 0 and "tie" not in to_markdown(t, []).split("| a - b |")[1].split("\n")[0]
+        "tie"
+        in to_markdown(build_table(same, ["a", "b"], ["native"], {}, resamples=500), [])
+        .split("| a - b |")[1]
+        .split("\n")[0]
     )
 
 
-def test_all_failed_cell_is_nan_not_zero():
-    recs = [rec("a", "native", "LoCoMo Judge", i, fail=True) for i in range(3)]
+def test_all_excluded_cell_is_nan_not_zero():
+    recs = [rec("a", "native", "LoCoMo Judge", i, fail="platform") for i in range(3)]
     t = build_table(recs, ["a"], ["native"], {}, resamples=50)
     c = t.cells[("a", "native", "LoCoMo Judge")]
-    assert c.n == 0 and c.failures == 3 and math.isnan(c.mean)
-    assert "failed (3)" in to_markdown(t, [])
+    assert c.n == 0 and c.excluded == 3 and math.isnan(c.mean)
+    assert "excluded (3)" in to_markdown(t, [])
 
 
 def test_judge_replies_are_parsed_strictly():

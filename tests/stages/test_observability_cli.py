@@ -54,3 +54,8 @@ def check_swap_eval(out, m):
         assert 1 <= len(recs) == len(plan["items"]) <= 4  # the held-out set's items, at most 4
         assert {r["writer"] for r in recs} == {f"step_{step}"} and all("score" in r for r in recs)
         assert (d / "table.md").exists()
+        # the policy wrote greedily, as the evaluation protocol does, not at the rollouts' temperature 1.0
+        assert (
+            json.loads((d / "summary.json").read_text())["harnesses"]["native"]["native"]["temperature"]
+            == 0.0
+        )

@@ -17,12 +17,11 @@ from omegaconf import DictConfig
 
 from hymem_train.callbacks.plots import CurvePlot
 from hymem_train.config import CONFIG_DIR, to_typed
-from hymem_train.engines.serving import build_served_engine
+from hymem_train.engines.serving import build_served_engine, engine_model_cfg
 from hymem_train.heldout import opd_reverse_kl
 from hymem_train.rollout.collector import sum_rollout_metrics
 from hymem_train.run_config import OpdConfig
-from hymem_train.stage import Stage, build_stage, end_step, engine_model_cfg, log_step, write_placement
-from hymem_train.trainer.export import export_hf
+from hymem_train.stage import Stage, build_stage, end_run, end_step, log_step, write_placement
 from hymem_train.trainer.items import teacher_items
 
 log = logging.getLogger(__name__)
@@ -93,9 +92,7 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
         last = m
         if end_step(stage, step, m, evaluate):  # preempted: a requeued job resumes after this step
             return last
-    export_hf(stage.trainer, cfg.model, stage.run_dir / "final")  # the RL stage's init_checkpoint
-    if is_driver:
-        stage.callbacks.on_train_end()
+    end_run(stage)
     return last
 
 

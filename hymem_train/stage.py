@@ -14,9 +14,10 @@ import dataclasses
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnesses.base import Endpoint
 from hymem_train.callbacks import Callbacks
@@ -30,6 +31,21 @@ from hymem_train.logger import MetricsLogger, StepTimer
 from hymem_train.preemption import Preemption
 from hymem_train.run_config import StageConfig
 
+if TYPE_CHECKING:  # annotations only: each of these pulls torch, Ray or transformers
+    from transformers import PreTrainedTokenizerBase
+
+    from data_pipeline.store import BuiltDataset, HarnessDatasets
+    from hymem_train.engines.base import Engine
+    from hymem_train.engines.replicas import ReplicaPool
+    from hymem_train.gateway.runner import GatewayServer
+    from hymem_train.gateway.server import Gateway
+    from hymem_train.rollout.collector import RolloutCollector
+    from hymem_train.rollout.harness_factory import BankReaderFactory
+    from hymem_train.rollout.scheduler import WindowScheduler
+    from hymem_train.trainer.engine import Trainer
+    from reward.config import LlmClientConfig
+    from reward.scoring import GrowthBounds
+
 log = logging.getLogger(__name__)
 
 
@@ -39,23 +55,26 @@ class Stage:
 
     cfg: StageConfig
     run_dir: Path
-    tokenizer: Any
-    trainer: Any  # trainer.engine.Trainer (DeepSpeed; every rank)
+    tokenizer: PreTrainedTokenizerBase
+    trainer: Trainer  # DeepSpeed; every rank
     checkpoints: StageCheckpoints
     start_step: int  # the last finished step of a resumed run (0 = a new run)
-    dataset: Any  # data_pipeline.store.HarnessDatasets: each harness's training windows (`.of(harness)`)
-    eval_dataset: Any  # held-out BuiltDataset, or None (data.eval_path empty)
+    dataset: HarnessDatasets  # each harness's training windows (`.of(harness)`)
+    eval_dataset: BuiltDataset | None  # held out (None: data.eval_path empty)
     timer: StepTimer
     dumps: StepDumps
-    engine: Any = None  # (driver) the rollout policy engine; weights arrive only through the sync
-    gateway: Any = None  # (driver) gateway.server.Gateway in front of the engine
-    server: Any = None  # (driver) its HTTP server
-    bank_readers: dict[str, Any] = field(default_factory=dict)  # (driver) harness name -> BankReaderFactory
-    scheduler: Any = None  # (driver) rollout.scheduler.WindowScheduler
-    collector: Any = None  # (driver) rollout.collector.RolloutCollector
-    logger: Any = None  # (driver) logger.MetricsLogger
+    # (driver) the rollout policy engine (one engine, or a pool of replicas); weights arrive only by sync
+    engine: Engine | ReplicaPool | None = None
+    gateway: Gateway | None = None  # (driver) in front of the engine
+    server: GatewayServer | None = None  # (driver) its HTTP server
+    bank_readers: dict[str, BankReaderFactory] = field(default_factory=dict)  # (driver) per harness name
+    scheduler: WindowScheduler | None = None  # (driver)
+    collector: RolloutCollector | None = None  # (driver)
+    logger: MetricsLogger | None = None  # (driver)
     callbacks: Callbacks = field(default_factory=lambda: Callbacks([]))  # (driver) side jobs
-    preemption: Any = None  # preemption.Preemption (every rank): checkpoint and leave on request
+    preemption: Preemption | None = None  # every rank: checkpoint and leave on request
+    # (driver, RL) the reward's reader as reached, served by the stage or given
+    reward_reader: LlmClientConfig | None = None
 
     @property
     def is_driver(self) -> bool:
@@ -105,13 +124,13 @@ class Stage:
         self.trainer.close(barrier=not failed)
 
 
-def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, Any] | None = None) -> Stage:
+def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | None = None) -> Stage:
     """Every part of a stage, built in a fixed order (the RNG draws of model init depend on it)."""
     import torch
 
     from data_pipeline.store import BuiltDataset, HarnessDatasets
     from hymem_train.cluster import check_ray_capacity, init_ray
-    from hymem_train.engines.serving import build_served_engine
+    from hymem_train.engines.serving import build_served_engine, engine_model_cfg
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway
     from hymem_train.models.loading import load_tokenizer_for, require_local_dir
@@ -239,7 +258,7 @@ def write_placement(stage: Stage, run_dir: Path, **extra: Any) -> dict:
     return out
 
 
-def log_data_table(datasets: Any, run_dir: Path) -> str:
+def log_data_table(datasets: HarnessDatasets, run_dir: Path) -> str:
     """The reward-data statistics of what the stage trains on, one row per harness configuration in the
     report's layout; logged at start-up and written to `<run>/data_stats.md`. Under the data.path
     shorthand every row is the whole shared dataset (its sequences are split over the harnesses)."""
@@ -253,38 +272,9 @@ def log_data_table(datasets: Any, run_dir: Path) -> str:
     return table
 
 
-def engine_model_cfg(engine_kind: str, model_cfg: Any, out: Path, fallback_model: Any = None) -> Any:
-    """The model config an engine loads. vLLM reads only HF directories with its HYV3 keys, so it gets an
-    export at `out` (written once) of: a step checkpoint (the report's RL from OPD step 375), an HF
-    directory a plain `save_pretrained` wrote, or, for a model without a path, the preset's initial
-    weights (the stage's first weight sync replaces them with the trainer's). The trainer and the HF
-    engine read the original."""
-    if engine_kind != "vllm":
-        return model_cfg
-    import json
-
-    from hymem_train.engines.vllm_engine import SERVING_KEYS
-    from hymem_train.models.checkpoint_files import checkpoint_kind
-    from hymem_train.trainer.export import export_checkpoint
-
-    if model_cfg.path and checkpoint_kind(model_cfg.path) != "deepspeed":
-        on_disk = json.loads((Path(model_cfg.path) / "config.json").read_text())
-        if all(k in on_disk for k in SERVING_KEYS):
-            return model_cfg
-    if not (out / "config.json").exists():
-        if model_cfg.path:
-            export_checkpoint(model_cfg.path, out, dtype=model_cfg.dtype, fallback_model=fallback_model)
-        else:
-            from hymem_train.models.loading import load_model, load_tokenizer_for
-            from hymem_train.trainer.export import CardInfo, _live_tensors, write_hf_dir
-
-            model = load_model(model_cfg)
-            write_hf_dir(_live_tensors(model, 2**28), model.config, out, dtype=None,
-                         tokenizer=load_tokenizer_for(model_cfg), card=CardInfo(source="initial weights"))  # fmt: skip
-    return dataclasses.replace(model_cfg, path=str(out))
-
-
-def end_step(stage: Stage, step: int, m: dict[str, float], evaluate: Any) -> bool:
+def end_step(
+    stage: Stage, step: int, m: dict[str, float], evaluate: Callable[[int], dict[str, float]]
+) -> bool:
     """The tail of every stage step: (driver) drop the step's rollout banks and evaluate on the
     save_every schedule; (every rank) checkpoint, log. Returns whether a preemption request stopped the
     job here (the step is checkpointed; the loop returns without exporting)."""
@@ -299,6 +289,16 @@ def end_step(stage: Stage, step: int, m: dict[str, float], evaluate: Any) -> boo
     m.update(timer.pop())
     log_step(stage, step, m)
     return stage.preempted(step)
+
+
+def end_run(stage: Stage) -> None:
+    """After the last step (every rank): the HF export `<run>/final` (the next stage's init_checkpoint,
+    the evaluation's writer), then the callbacks' end of training."""
+    from hymem_train.trainer.export import export_hf
+
+    export_hf(stage.trainer, stage.cfg.model, stage.run_dir / "final")
+    if stage.is_driver:
+        stage.callbacks.on_train_end()
 
 
 def log_step(stage: Stage, step: int, metrics: dict[str, float]) -> None:

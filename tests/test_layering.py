@@ -2,7 +2,8 @@
 
     harnesses <- data_pipeline <- reward <- hymem_train
 
-A module may import only its own package and the packages to its left; `harnesses` imports neither
+and inside hymem_train its parts in layers (`HYMEM_LAYERS`, models at the bottom, the entry points on
+top). A module may import only its own package and the packages to its left; `harnesses` imports neither
 torch nor hymem_train (it runs inside the frameworks' own venvs); and modules import each other
 without cycles. Checked by parsing the source with `ast` (nothing is imported, so this is fast and
 sees imports inside functions too). Every .py under the four packages is walked: no file list.
@@ -129,6 +130,47 @@ def test_harnesses_import_neither_torch_nor_hymem_train():
         if _top(i.importer) == "harnesses" and _top(i.target) in HARNESS_FORBIDDEN
     ]
     assert not bad, "harnesses/ runs in framework venvs, without torch or hymem_train:\n" + "\n".join(bad)
+
+
+# inside hymem_train, bottom to top: a module imports its own part and the parts of lower layers only
+HYMEM_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("__init__", "lazy", "config", "segments"),
+    ("models",),
+    ("trainer",),  # the policy, its losses, packing, checkpoints and export
+    ("engines",),  # HF / vLLM inference; serving a trained checkpoint needs trainer's export
+    ("gateway",),
+    ("rollout",),
+    ("evaluation",),
+    ("callbacks",),
+    ("run_config", "logger", "cluster", "checkpointing", "preemption"),
+    ("stage", "heldout"),
+    ("frozen_models",),  # the RL stage's reader and judge servers
+    ("opd", "rl", "sft", "serve", "evaluate", "export", "launch", "plan"),  # entry points
+)
+HYMEM_RANK = {part: i for i, layer in enumerate(HYMEM_LAYERS) for part in layer}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_hymem_train_part_has_a_layer():
+    parts = {_part(m) for m in MODULES if _top(m) == "hymem_train"}
+    assert parts == set(HYMEM_RANK), f"place these in HYMEM_LAYERS: {sorted(parts ^ set(HYMEM_RANK))}"
+
+
+def test_hymem_train_modules_import_only_their_layer_and_below():
+    """Imports inside functions count; `if TYPE_CHECKING:` ones (annotations only) do not."""
+    bad = [
+        f"{i.path}:{i.line}: {i.text}  ({_part(i.importer)} may not import {_part(i.target)})"
+        for i in IMPORTS
+        if _top(i.importer) == _top(i.target) == "hymem_train" and not i.type_checking
+        and HYMEM_RANK[_part(i.target)] > HYMEM_RANK[_part(i.importer)]
+    ]  # fmt: skip
+    assert not bad, (
+        "imports against hymem_train's layers (tests/test_layering.py HYMEM_LAYERS):\n" + "\n".join(bad)
+    )
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

@@ -49,9 +49,10 @@ class SwapEval(Callback):
         if not c.every or step % c.every:
             return
         proto = c.protocol
-        reward = getattr(st.cfg, "reward", None)
-        if not proto.reader.base_url and reward is not None:  # the RL stage's reader (local or remote)
-            proto = dataclasses.replace(proto, reader=reward.reader)
+        if (
+            not proto.reader.base_url and st.reward_reader is not None
+        ):  # the RL stage's reader (local or remote)
+            proto = dataclasses.replace(proto, reader=st.reward_reader)
         names = list(c.harnesses) or [next(iter(st.cfg.harnesses))]
         writer = f"step_{step}"
         mcfg = MatrixConfig(

@@ -50,9 +50,8 @@ def start_frozen_pool(
     """`cluster.placement.<role>.replicas` replicas of the frozen model, of the policy's engine kind
     (vLLM on a GPU cluster, HF actors on a CPU one), each `tensor_parallel_size` GPUs, behind one
     frozen gateway in the driver that spreads each batch over them. `export_dir`: where a vLLM engine's
-    loadable copy of a training checkpoint is written (stage.engine_model_cfg)."""
-    from hymem_train.engines.serving import build_served_engine
-    from hymem_train.stage import engine_model_cfg
+    loadable copy of a training checkpoint is written (engines/serving.py engine_model_cfg)."""
+    from hymem_train.engines.serving import build_served_engine, engine_model_cfg
 
     pool = getattr(cluster.placement, role)
     cfg = dataclasses.replace(

@@ -174,7 +174,7 @@ def test_refuses_gpu_pools_on_a_cpu_only_cluster():
 
 
 def test_a_served_reader_or_judge_needs_its_checkpoint():
-    from hymem_train.rl import frozen_roles
+    from hymem_train.frozen_models import frozen_roles
 
     cfg = to_typed(compose("rl", ["+exp=demo_rl", "++cluster.placement.judge.replicas=1"]), RlConfig)
     cfg.reward.judge_kind = "llm"

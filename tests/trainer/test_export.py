@@ -278,10 +278,10 @@ def test_load_model_from_a_step_checkpoint_and_the_latest_pointer(tmp_path):
 def test_a_vllm_stage_exports_an_init_checkpoint_without_vllms_keys(tmp_path):
     """A plain save_pretrained directory lacks the HYV3 keys vLLM reads (silent failure wrong-logits-after-sync): a stage with
     engine.kind=vllm serves an export of it (<run>/init_hf) that passes the engine's check."""
+    from hymem_train.engines.serving import engine_model_cfg
     from hymem_train.engines.vllm_engine import check_serving_config
     from hymem_train.models.config import ModelConfig
     from hymem_train.models.tokenizer import default_tokenizer
-    from hymem_train.stage import engine_model_cfg
 
     raw = tmp_path / "raw"
     _tiny(seed=4).save_pretrained(raw)

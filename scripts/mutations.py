@@ -43,21 +43,21 @@ class Mutation:
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(  # silent failure bank-not-carried: every window starts from an empty bank
-        "failure1_parent_bank_none",
+        "bank_not_carried_parent_none",
         "hymem_train/rollout/collector.py",
         "parent = self.lineage.parent(lid, sw.epoch, w.index)",
         "parent = None",
         ("tests/rollout/test_collector.py::test_next_window_starts_from_the_promoted_bank",),
     ),
     Mutation(  # silent failure platform-error-as-reward: a platform-failed rollout scored as policy behaviour
-        "failure7_platform_rollout_scored",
+        "platform_error_rollout_scored",
         "reward/scoring.py",
         "        if failed:\n            ok_C = [False] * C\n",
         "",
         ("tests/reward/test_reward_scoring.py::test_platform_error_rollout_is_never_scored",),
     ),
     Mutation(  # silent failure platform-error-as-reward: platform-failed rollouts kept for training
-        "failure7_usable_keeps_platform_errors",
+        "platform_error_usable_keeps_failed",
         "hymem_train/rollout/collector.py",
         "return [(i, r) for i, r in enumerate(self.results) if r.record.status != PLATFORM_ERROR]",
         "return list(enumerate(self.results))",
@@ -67,21 +67,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
-        "failure7_advantage_items_use_all_rollouts",
+        "platform_error_advantage_items_use_all",
         "hymem_train/trainer/items.py",
         "        for i, r in g.usable():\n",
         "        for i, r in enumerate(g.results):\n",
         ("tests/rollout/test_collector.py::test_platform_failed_rollouts_are_not_trained_on",),
     ),
     Mutation(
-        "failure7_teacher_items_use_all_rollouts",
+        "platform_error_teacher_items_use_all",
         "hymem_train/trainer/items.py",
         "segs = [s for g in groups for _, r in g.usable() for s in r.segments]",
         "segs = [s for g in groups for r in g.results for s in r.segments]",
         ("tests/rollout/test_collector.py::test_platform_failed_rollouts_are_not_trained_on",),
     ),
     Mutation(  # silent failure platform-error-as-reward: a killed sandbox reported as an OK write (no retry, no restore)
-        "failure7_sandbox_crash_reported_ok",
+        "platform_error_sandbox_crash_reported_ok",
         "harnesses/sandbox.py",
         'return WriteResult(WriteStatus.PLATFORM_ERROR, 0, f"{e} (after {time.monotonic() - t0:.1f} s)")',
         'return WriteResult(WriteStatus.OK, 0, f"{e} (after {time.monotonic() - t0:.1f} s)")',

@@ -26,7 +26,9 @@ from reward.terms import (
 
 ROLLOUT_STATUSES = ("ok", "policy_error", "platform_error")
 ORM_MODES = ("attributed", "broadcast")
-SCORE_MODES = ("rubric", "binary")
+# "format_only" (a control, beyond the report): s[t] = 1 when chunk t's write was well-formed, 0 when it was
+# malformed policy output; probes, ORM and the growth penalty are not looked at
+SCORE_MODES = ("rubric", "binary", "format_only")
 # How a chunk whose write was malformed policy output (silent failure malformed-as-platform-error) is scored:
 #   "floor": prm[t] = orm[t] = 0 (silent failure malformed-as-platform-error, docs/glossary.md: "a valid trajectory with low reward");
 #   "bank":  whatever its unchanged bank earns (our first reading; kept as an ablation).
@@ -75,7 +77,9 @@ class ScoringConfig:
     orm_mode: str = "attributed"  # "attributed" (report) | "broadcast" (ablation)
     use_traps: bool = True  # False = ablation "probes only": trap probes are neither run nor scored
     use_growth_penalty: bool = True  # False = ablation "no growth penalty" (pen[t] = 0)
-    score_mode: str = "rubric"  # "rubric" (report) | "binary" (ablation: scores thresholded to 0/1)
+    # "rubric" (report) | "binary" (ablation: scores thresholded to 0/1) | "format_only" (control: only
+    # whether each chunk's write was well-formed)
+    score_mode: str = "rubric"
     binary_threshold: float = 0.5  # binary mode: a score >= this counts 1, else 0
     trap_pass_threshold: float = 0.5  # a trap probe "passes" (metric only) when z >= this
     malformed_score: str = "floor"  # policy_error chunk: "floor" (prm = orm = 0) | "bank" (ablation)
@@ -224,6 +228,9 @@ def score_group(
             prm_C, orm_C, pen_C, w_prm=cfg.w_prm, w_orm=cfg.w_orm, w_pen=cfg.w_pen, gamma=cfg.gamma
         )
         ok_C = chunk_score_valid(prm_ok, orm_ok, pen_ok, gamma=cfg.gamma)
+        if cfg.score_mode == "format_only":  # a judge fault cannot void a cell the score never reads
+            bad_C = r.policy_error_C or [False] * C
+            s_C, ok_C = [0.0 if bad else 1.0 for bad in bad_C], [True] * C
         if failed:
             ok_C = [False] * C
         prm_GC.append(prm_C)

@@ -128,6 +128,7 @@ ABLATION_KNOBS = {
     "no_traps": "reward.scoring.use_traps",
     "no_growth_penalty": "reward.scoring.use_growth_penalty",
     "binary_reward": "reward.scoring.score_mode",
+    "format_only": "reward.scoring.score_mode",  # the control: well-formedness is the whole reward
     "sft_init": "init_checkpoint",
     "single_harness": ("data.per_harness", "harnesses"),  # a harness is declared with its dataset
     "one_vote_loss": "trainer.loss.sequence_unit",

@@ -139,6 +139,24 @@ def test_malformed_chunk_scores_the_floor_not_its_banks_earnings():
         score_group(rs, SRC, cfg(), "native")
 
 
+def test_format_only_control_scores_well_formedness_and_nothing_else():
+    """The format-only arm: a malformed chunk 0, a well-formed one 1, whatever its probes, ORM, penalty or
+    judge faults; the rubric's differences between the well-formed rollouts give no advantage."""
+    rs = group()
+    rs[1].status, rs[1].policy_error_C = "policy_error", [True, False]
+    # r2: r0's writes, its only chunk-0 probe faulted (that voids a rubric cell, not a format one)
+    rs[2] = JudgedRollout("ok", [[FAULT], [0.5]], [[], []], [[True, True]], 0, [1024, 3072])
+    rubric = score_group(rs, SRC, cfg(), "native")
+    assert rubric.valid_GC[2][0] is False
+    g = score_group(rs, SRC, cfg(score_mode="format_only"), "native")
+    assert g.s_GC == [[1.0, 1.0], [0.0, 1.0], [1.0, 1.0]] and g.valid_GC == [[True, True]] * 3
+    plat = score_group(group(), SRC, cfg(score_mode="format_only"), "native")
+    assert plat.valid_GC[2] == [False, False]  # a platform failure stays excluded
+    assert col(g.adv_GC, 0)[1] < 0 < col(g.adv_GC, 0)[0] == col(g.adv_GC, 0)[2]
+    assert col(g.adv_GC, 1) == [0.0, 0.0, 0.0]  # every chunk-1 write well-formed: no signal
+    assert cfg(score_mode="format_only").report_protocol().score_mode == "rubric"
+
+
 def test_group_with_one_valid_rollout_gets_zero_advantage():
     rs = group()
     rs[1] = JudgedRollout("platform_error", [[], []], [[], []], [None], None, [None, None])

@@ -20,6 +20,7 @@ def test_discover_translates_each_overlay_to_the_tiny_recipe(tmp_path):
     assert table["single_harness"].skip_reason and not table["single_harness"].overrides
     # a knob absent from every YAML (a schema default) still applies
     assert table["one_vote_loss"].overrides == ["++trainer.loss.sequence_unit=chunk"]
+    assert table["format_only"].overrides == ["++reward.scoring.score_mode=format_only"]
 
 
 def test_runner_micro_scale_table_shape(tmp_path):

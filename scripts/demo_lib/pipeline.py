@@ -296,6 +296,44 @@ PREDICTIONS = (
 )
 
 
+# where a gain comes from, by operation class (bank metrics: reward/bank_metrics.py METRICS)
+GAIN_CLASSES = (
+    ("new facts extracted", "memory_recall"),
+    ("records that are gold points", "target_precision"),
+    ("Transitions (every state kept)", "history_kept"),
+    ("updates right", "update_correct"),
+    ("restatements reconciled (one record)", "restated_once"),
+    ("traps refused (small talk not stored)", "false_memory_resistance"),
+    ("deletions (share of ops)", "op_delete"),
+    ("malformed writes (share of ops)", "op_invalid"),
+    ("records outside the grammar", "unparsed_share"),
+)
+GAIN_PAIRS = (("opd", "sft"), ("rl", "opd"))
+
+
+def gain_decomposition(bank_json: Path, pairs: tuple[tuple[str, str], ...] = GAIN_PAIRS) -> list[str]:
+    """OPD - SFT and RL - OPD split by operation class: each class's paired difference over held-out
+    sequences with its 95% interval (bank_metrics.json); "*" marks an interval that excludes 0."""
+    doc = json.loads(bank_json.read_text())["harnesses"]["native"] if bank_json.exists() else {}
+    diffs = {(d["a"], d["b"], d["metric"]): d for d in doc.get("differences", [])}
+    if not diffs:
+        return []
+    L = ["", "## Where the gain comes from (paired over held-out sequences, 95% interval; * excludes 0)",
+         "| operation class | bank metric | " + " | ".join(f"{a} - {b}" for a, b in pairs) + " |",
+         "|---|---|" + "---|" * len(pairs)]  # fmt: skip
+    for label, metric in GAIN_CLASSES:
+        cells = []
+        for a, b in pairs:
+            d = diffs.get((a, b, metric))
+            if d is None or d["lo"] is None:
+                cells.append("n/a")
+                continue
+            star = "*" if d["lo"] > 0 or d["hi"] < 0 else ""
+            cells.append(f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]{star}")
+        L.append(f"| {label} | {metric} | " + " | ".join(cells) + " |")
+    return L
+
+
 def paired_checks(bank_json: Path) -> list[dict]:
     """Each prediction against the paired differences of bank_metrics.json (missing pair: not held)."""
     doc = json.loads(bank_json.read_text())["harnesses"]["native"] if bank_json.exists() else {}
@@ -372,6 +410,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         ", ".join(f"{k} {v:.0f}" for k, v in timings.items()),
         "",
         f"curves: {root}/opd/opd_curves.png, {root}/rl/rl_curves.png, {root}/report.png",
+        *gain_decomposition(root / "swap" / "eval" / "bank_metrics.json"),
         *bank_table(root / "swap" / "eval"),
         *swap_table(root / "swap" / "eval"),
     ]

@@ -9,11 +9,13 @@ from data_pipeline.ledger import gold_records, parse_record
 from data_pipeline.store import BuiltDataset
 from hymem_train.models.tokenizer import default_tokenizer
 from scripts.demo_lib.pipeline import (
+    GAIN_CLASSES,
     PREDICTIONS,
     TEACHER_FLAWS,
     build_data,
     demo_harness,
     first_last,
+    gain_decomposition,
     growth_overrides,
     paired_checks,
     teacher_demonstrations,
@@ -72,6 +74,16 @@ def test_predictions_read_the_paired_bank_differences(tmp_path):
     assert got[("opd", "memory_recall")]["held"] and got[("opd", "memory_recall")]["lo"] == 0.1
     assert not got[("rl", "false_memory_resistance")]["held"]  # its interval covers 0
     assert not got[("rl", "history_kept")]["held"] and got[("rl", "history_kept")]["value"] is None
+    # the same differences, split by operation class for OPD - SFT and RL - OPD
+    rows = {
+        r.split("|")[2].strip(): r
+        for r in gain_decomposition(p)
+        if r.startswith("| ") and "bank metric" not in r
+    }
+    assert set(rows) == {m for _, m in GAIN_CLASSES}
+    assert "+0.200 [+0.100, +0.300]*" in rows["memory_recall"]  # excludes 0: starred
+    assert "+0.100 [-0.020, +0.200] |" in rows["false_memory_resistance"]  # covers 0: no star
+    assert rows["history_kept"].count("n/a") == 2
 
 
 def test_report_reads_first_and_last_values(tmp_path):

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tqdm.auto import tqdm
 
 from data_pipeline.chunking import render_chunk
 from data_pipeline.schema import (
@@ -531,8 +532,6 @@ def annotate(
         by_seq.setdefault(c.sequence_id, ([], []))[0].append(c)
     for w in windows:
         by_seq.setdefault(w.sequence_id, ([], []))[1].append(w)
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=len(chunks) + len(windows), desc="annotate", unit="call", disable=not cfg.progress)
     bar_lock = threading.Lock()
 

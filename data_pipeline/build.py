@@ -39,6 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
 from data_pipeline.annotate import AnnotatorConfig, annotate, failure_reasons
 from data_pipeline.chunking import (
     ChunkingConfig,
@@ -329,8 +332,6 @@ def build_profile(
 
 
 def _plain(obj) -> dict:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(OmegaConf.structured(obj))  # type: ignore[return-value]
 
 
@@ -470,8 +471,6 @@ def main(
     debug = "--debug" in args or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     show = "--cfg" in args
     setup_logging()
-    from hydra.errors import HydraException
-
     try:
         cfg = load_config([a for a in args if a not in ("--cfg", "--debug")])
         if show:

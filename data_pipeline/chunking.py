@@ -21,6 +21,7 @@ bank of window i is the parent bank of window i+1, so windows must tile the sequ
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import random
 from collections.abc import Iterable
@@ -75,8 +76,6 @@ _DATE_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%Y/%m/%d (%a
 def iso_date(date: str) -> str:
     """A chunk's date as ISO 8601 for the harnesses' `write_chunk` (hy-memory and EverOS parse it into a
     datetime). The data keeps the source's own text (what the writer reads); "" stays "" (undated)."""
-    import datetime as dt
-
     s = (date or "").strip()
     if not s:
         return ""

@@ -236,8 +236,10 @@ def generate_ledger_sequence(cfg, n: int) -> dict[str, list]:
             if len(seen) >= 2 and seen[-2] != seen[-1] and rng.random() < lc.revert_prob:
                 v = seen[-2]  # A -> B -> A
             else:
-                v = rng.choice([x for x in pool(ATTR_BY_NAME[a], lc.values) if x not in seen] or
-                               [x for x in pool(ATTR_BY_NAME[a], lc.values) if x != seen[-1]])  # fmt: skip
+                v = rng.choice(
+                    [x for x in pool(ATTR_BY_NAME[a], lc.values) if x not in seen]
+                    or [x for x in pool(ATTR_BY_NAME[a], lc.values) if x != seen[-1]]
+                )
             lines.append(("update", a, v))
             num_new -= 1
         for _ in range(num_new):
@@ -256,8 +258,10 @@ def generate_ledger_sequence(cfg, n: int) -> dict[str, list]:
             turns.append(Turn(tid, person, rng.choice(form).format(a=a, v=v)))
             q = f"What is {question_key(person, a)}?"
             if kind == "transient":
-                rubric = (f"{person} only mentioned a passing {a}; no lasting {a} was ever stated. Full credit "
-                          "only if the answer says there is no such record; 0 if it names anything.")  # fmt: skip
+                rubric = (
+                    f"{person} only mentioned a passing {a}; no lasting {a} was ever stated. Full credit "
+                    "only if the answer says there is no such record; 0 if it names anything."
+                )
                 probes.append(Probe(probe_id(seq_id, t, k_probe), seq_id, t, ProbeKind.SHOULD_NOT_STORE, q,
                                     NO_SUCH_RECORD, rubric, True, []))  # fmt: skip
                 k_probe += 1
@@ -276,8 +280,10 @@ def generate_ledger_sequence(cfg, n: int) -> dict[str, list]:
             history.setdefault(a, []).append(_State(v, date, t, f))
             if kind == "update":
                 old = history[a][-2].value
-                rubric = (f"The {a} changed from '{old}' to '{v}'. Full credit only for the current {a} '{v}'; "
-                          f"0 for '{old}' alone or for a hedge between them.")  # fmt: skip
+                rubric = (
+                    f"The {a} changed from '{old}' to '{v}'. Full credit only for the current {a} '{v}'; "
+                    f"0 for '{old}' alone or for a hedge between them."
+                )
                 pk = ProbeKind.TRANSITION
             else:
                 rubric = f"Full credit only for the {a} '{v}'; 0 for another {a}, a hedge, or no record."
@@ -319,8 +325,10 @@ def _orm_questions(cfg, rng, seq_id, person, windows, history) -> list[OrmQuesti
             if len(st) >= 2 and st[-1].chunk in w.chunk_indices:
                 q = f"How did {question_key(person, a)} change?"
                 ans = _history_answer(st)
-                rubric = (f"The {a} went {' -> '.join(s.value for s in st)}. Credit each state recovered, "
-                          "in order; the current state alone recovers only the last one.")  # fmt: skip
+                rubric = (
+                    f"The {a} went {' -> '.join(s.value for s in st)}. Credit each state recovered, "
+                    "in order; the current state alone recovers only the last one."
+                )
                 cands.append((q, ans, st, rubric))
         current = sorted(((a, st[-1]) for a, st in asof.items()), key=lambda x: x[1].chunk)
         in_w = [(a, s) for a, s in current if s.chunk in w.chunk_indices]
@@ -470,9 +478,11 @@ def pretraining_documents(
                     )
                 new = rng.choice([x for x in a.values if x != states[-1][0]])
                 d = (start + dt.timedelta(days=7 * rng.randrange(20, 40))).isoformat()
-                eps.append(f"Record: {record_text(a.name, states)}\n{d} {p}: "
-                           f"{rng.choice(SAY_UPDATE).format(a=a.name, v=new)}\n"
-                           f"Record: {record_text(a.name, [*states, (new, d)])}")  # fmt: skip
+                eps.append(
+                    f"Record: {record_text(a.name, states)}\n{d} {p}: "
+                    f"{rng.choice(SAY_UPDATE).format(a=a.name, v=new)}\n"
+                    f"Record: {record_text(a.name, [*states, (new, d)])}"
+                )
             else:
                 if rng.random() < 0.5:
                     tr = rng.choice(TRANSIENT)

@@ -218,8 +218,10 @@ def _travel(rec: dict, where: str, source: str, out: LoadResult) -> None:
 
 def _subtask(j: int, question: str, result: str) -> Session:
     """Subtask j as a session of the bank's history: its prompt, then its gold result."""
-    turns = [Turn(turn_id=f"s{j}:0", speaker="user", text=question),
-             Turn(turn_id=f"s{j}:1", speaker="assistant", text=result)]  # fmt: skip
+    turns = [
+        Turn(turn_id=f"s{j}:0", speaker="user", text=question),
+        Turn(turn_id=f"s{j}:1", speaker="assistant", text=result),
+    ]
     return Session(session_id=f"subtask_{j}", date="", turns=turns)
 
 

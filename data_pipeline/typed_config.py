@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -36,10 +39,6 @@ class ConfigError(ValueError):
 
 def compose(primary: str, overrides: list[str] | None = None, config_dir: str = CONFIG_DIR) -> DictConfig:
     """Compose `configs/<primary>.yaml` with Hydra's compose API (no working-dir change, no logging setup)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir, version_base=None):

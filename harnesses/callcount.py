@@ -10,6 +10,7 @@ Requests to other hosts are counted separately: an offline harness must make non
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from urllib.parse import urlsplit
@@ -69,8 +70,6 @@ def install(allowed_base_urls: list[str]) -> CallCounter:
     COUNTER.allowed_netlocs = {urlsplit(u).netloc for u in allowed_base_urls} or None
     if _installed:
         return COUNTER
-    import importlib
-
     # openai>=3 sends through `httpx2`, older stacks through `httpx`: wrap whichever is present
     for name in ("httpx", "httpx2"):
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from pathlib import Path
 from typing import Protocol
 
@@ -93,8 +94,6 @@ def get_spec(framework: str, scene: str) -> FrameworkSpec:
 
 def venv_python(cfg: VenvConfig) -> Path:
     """The interpreter that hosts the framework; 'native' uses the venv this process runs in."""
-    import sys
-
     if cfg.framework == "native":
         return Path(sys.executable)
     root = Path(cfg.venv_root)

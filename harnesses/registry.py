@@ -20,7 +20,8 @@ from harnesses.frameworks import (
     load_adapter_class,
     venv_python,
 )
-from harnesses.native import NativeConfig
+from harnesses.native import NativeConfig, NativeHarness
+from harnesses.sandbox import SandboxClient
 
 __all__ = [
     "FRAMEWORKS",
@@ -78,9 +79,5 @@ def make_harness(
     """
     cfg.validate()
     if cfg.in_process:
-        from harnesses.native import NativeHarness
-
         return NativeHarness(llm, cfg.native, scene=cfg.scene)
-    from harnesses.sandbox import SandboxClient
-
     return SandboxClient(cfg, llm, embedder, sandbox_root=Path(sandbox_root), sandbox_id=sandbox_id)

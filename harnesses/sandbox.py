@@ -38,7 +38,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harnesses import base
+from harnesses import base, callcount
 from harnesses.base import (
     BankMetadata,
     BankStateError,
@@ -51,7 +51,9 @@ from harnesses.base import (
     WriteResult,
     WriteStatus,
 )
+from harnesses.callcount import COUNTER
 from harnesses.frameworks import REPO_ROOT, get_spec, load_adapter_class, venv_python
+from harnesses.native import NativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,6 @@ class _Server:
         self.root = Path(init["root"]).resolve()
         self.sandbox_id = init["sandbox_id"]
         self.framework = init["framework"]
-        from harnesses import callcount
-
         spec = get_spec(self.framework, init["scene"])
         llm = Endpoint(**init["llm"]) if init.get("llm") else None
         embedder = Endpoint(**init["embedder"]) if init.get("embedder") else None
@@ -85,8 +85,6 @@ class _Server:
             callcount.install([e.base_url for e in (llm, embedder) if e is not None])
         cls = load_adapter_class(self.framework)
         if self.framework == "native":
-            from harnesses.native import NativeConfig
-
             self.harness: Harness = cls(llm, NativeConfig(**init.get("native", {})), scene=init["scene"])
             self.version = spec.version
         else:
@@ -131,8 +129,6 @@ class _Server:
         if m == "ping":
             return {"pid": os.getpid()}
         if m == "stats":
-            from harnesses.callcount import COUNTER
-
             # offline proof: requests this process sent to anything but the gateway (must stay 0)
             return {
                 "num_chat_calls": COUNTER.num_chat_calls,

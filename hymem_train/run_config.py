@@ -116,7 +116,7 @@ def ray_cpu_demand(cfg: StageConfig) -> float:
     demand = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker if cfg.rollout.use_ray else 0.0
     pl = cfg.cluster.placement
     replicas = pl.policy_replicas + (pl.teacher_replicas if hasattr(cfg, "opd") else 0)
-    if hasattr(cfg, "reward"):  # RL's frozen pools (rl.start_frozen_models)
+    if hasattr(cfg, "reward"):  # RL's frozen pools (frozen_models.start_frozen_models)
         replicas += pl.reader.replicas + (pl.judge.replicas if cfg.reward.judge_kind == "llm" else 0)
     demand += replicas * pl.cpus_per_replica
     reward = getattr(cfg, "reward", None)

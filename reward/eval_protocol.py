@@ -13,6 +13,7 @@ LongMemEval's are the per-question-type prompts of its `src/evaluation/evaluate_
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import re
 from collections import Counter
@@ -264,8 +265,6 @@ def metric_for(benchmark: str) -> Metric:
 
 def _load_extra() -> None:
     """Benchmarks whose protocol lives in its own module register themselves on import."""
-    import importlib
-
     for mod in ("reward.eval_personamem", "reward.eval_memoryarena"):
         try:
             importlib.import_module(mod)

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from data_pipeline.store import LEAKAGE_FILE, BuiltDataset, atomic_write_text
+from reward.config import LlmClientConfig
+from reward.instrument import extractive_answer
 from reward.judge import ExactMatchScorer, LlmJudge, OrmVerdict, ProbeItem, QuestionItem, Reader
-from reward.llm import Fault
+from reward.llm import ChatClient, Fault
 
 
 @dataclass
@@ -56,8 +58,6 @@ class ExtractiveReaderClient:
     stats: dict[str, int] = {}
 
     def answer_all(self, items) -> list[str | Fault]:
-        from reward.instrument import extractive_answer
-
         return [extractive_answer(q, [e.text for e in entries]) for _, q, entries in items]
 
 
@@ -106,9 +106,6 @@ def main(argv: list[str] | None = None) -> list[LeakageReport]:
     ap.add_argument("--judge-url", default="", help="needed when the dataset's answers are not atomic")
     ap.add_argument("--judge-model", default="judge")
     args = ap.parse_args(argv)
-    from reward.config import LlmClientConfig
-    from reward.llm import ChatClient
-
     if args.reader == "extractive":
         reader, name = ExtractiveReaderClient(), "extractive"
     else:
@@ -127,9 +124,11 @@ def main(argv: list[str] | None = None) -> list[LeakageReport]:
             ap.error(f"{d}: answers are not atomic; give --judge-url (the LLM judge scores them)")
         rep = run(d, reader, judge, name)
         reports.append(rep)
-        print(f"{d}: {len(rep.leaked_probes)}/{rep.num_probes} probes, {len(rep.leaked_questions)}/"
-              f"{rep.num_questions} ORM questions leaked ({rep.leaked_share:.1%}; reader: {name}; "
-              f"{rep.num_faults} faults)")  # fmt: skip
+        print(
+            f"{d}: {len(rep.leaked_probes)}/{rep.num_probes} probes, {len(rep.leaked_questions)}/"
+            f"{rep.num_questions} ORM questions leaked ({rep.leaked_share:.1%}; reader: {name}; "
+            f"{rep.num_faults} faults)"
+        )
     return reports
 
 

@@ -265,10 +265,12 @@ def reader_checks(
                 b.close()
     answers = reader.answer_all([(where, q, entries) for _, where, q, entries, _ in items])
     out = ReaderChecks(
-        root=str(ds.root), search_k=search_k, num_sequences=len(seqs),
+        root=str(ds.root),
+        search_k=search_k,
+        num_sequences=len(seqs),
         num_probes=sum(not p.is_trap for v in probes.values() for p in v),
         num_traps=sum(p.is_trap for v in probes.values() for p in v),
-    )  # fmt: skip
+    )
     for name, (threshold, op) in CHECKS.items():
         got = [(a, exp) for (n, *_, exp), a in zip(items, answers, strict=True) if n == name]
         answered = [(a, exp) for a, exp in got if not isinstance(a, Fault)]
@@ -313,10 +315,11 @@ def raise_if_failed(res: ReaderChecks) -> None:
     bad = res.failures()
     if bad:
         raise ReaderPreflightError(
-            f"reader preflight failed on {res.root}: " + "; ".join(c.line() for c in bad)
+            f"reader preflight failed on {res.root}: "
+            + "; ".join(c.line() for c in bad)
             + ". The reader's scores would not measure the bank (reward/reader_checks.py); serve a reader "
             "that reads (reader_kind=extractive) or set reader_preflight=false to run anyway"
-        )  # fmt: skip
+        )
 
 
 def preflight_to(

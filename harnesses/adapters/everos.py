@@ -65,6 +65,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ from harnesses.base import (
     validate_messages,
 )
 from harnesses.callcount import COUNTER
+from harnesses.tiktoken_seed import seed_o200k
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +216,6 @@ class EverOSHarness(Harness):
     @staticmethod
     def _seed_tiktoken() -> None:
         # EverOS start-up calls tiktoken.get_encoding("o200k_base"), a download; seed its cache
-        from harnesses.tiktoken_seed import seed_o200k
-
         cache = os.environ.get("TIKTOKEN_CACHE_DIR") or str(Path.home() / ".cache" / "hymem-tiktoken")
         os.environ["TIKTOKEN_CACHE_DIR"] = cache
         seed_o200k(cache)
@@ -284,7 +284,7 @@ class EverOSHarness(Harness):
 
     def _start(self, root: Path) -> None:
         import everos
-        from fastapi.testclient import TestClient
+        from fastapi.testclient import TestClient  # EverOS venv only
 
         root.mkdir(parents=True, exist_ok=True)
         if not (root / "ome.toml").exists():  # EverOS refuses to start without it
@@ -327,7 +327,7 @@ class EverOSHarness(Harness):
 
     # ---- reads
     def _tables(self):
-        import lancedb
+        import lancedb  # EverOS venv only
 
         assert self._bank_dir is not None
         db = lancedb.connect(str(self._bank_dir / ROOT_DIR / ".index" / "lancedb"))
@@ -490,8 +490,6 @@ def _plain(v: Any) -> Any:
 
 def _reset_everos_globals() -> None:
     """Forget every EverOS singleton bound to the previous memory root / settings."""
-    import sys
-
     from everos.config import settings
 
     settings.load_settings.cache_clear()

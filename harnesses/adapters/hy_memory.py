@@ -101,7 +101,7 @@ def classify_reply(reply: str | None, scene: str) -> tuple[bool, bool, int]:
     except json.JSONDecodeError:
         repaired = True
         try:
-            from json_repair import repair_json
+            from json_repair import repair_json  # hy-memory venv only
 
             obj = repair_json(text, return_objects=True)
         except Exception:
@@ -222,7 +222,7 @@ class HyMemoryHarness(Harness):
             finally:
                 # Chroma caches one System per path in-process; drop it so that a bank directory
                 # replaced on disk (restore, fork) is re-read, not served from stale handles
-                from chromadb.api.client import SharedSystemClient
+                from chromadb.api.client import SharedSystemClient  # hy-memory venv only
 
                 SharedSystemClient.clear_system_cache()
         self._release_bank()

@@ -182,7 +182,7 @@ def test_preflight_to_writes_the_figures_and_skips_other_worlds(
 # ---------------------------------------------------------------------- the stages' wiring
 def test_rl_stage_serves_the_extractive_reader_and_runs_the_preflight(ledger, tok, tmp_path):
     from data_pipeline.store import HarnessDatasets
-    from hymem_train import rl
+    from hymem_train.frozen_models import reader_preflight, start_frozen_models
     from hymem_train.run_config import RlConfig
 
     cfg = to_typed(compose("rl", ["+exp=demo_rl", "local_reader=true", "reader_kind=extractive",
@@ -190,10 +190,12 @@ def test_rl_stage_serves_the_extractive_reader_and_runs_the_preflight(ledger, to
     stage = types.SimpleNamespace(
         tokenizer=tok, run_dir=tmp_path, dataset=HarnessDatasets({"native": ledger.root})
     )
-    servers = rl.start_frozen_models(stage, cfg)  # no checkpoint loaded: reader_model is unused
+    given = cfg.reward.reader.base_url
+    servers, reward = start_frozen_models(stage, cfg)  # no checkpoint loaded: reader_model is unused
     try:
-        assert len(servers) == 1 and cfg.reward.reader.base_url == servers[0].base_url
-        rl.reader_preflight(stage, cfg)
+        assert len(servers) == 1 and reward.reader.base_url == servers[0].base_url
+        assert cfg.reward.reader.base_url == given  # the stage's config is not rewritten
+        reader_preflight(stage, cfg, reward)
     finally:
         for s in servers:
             s.stop()

@@ -236,6 +236,7 @@ def test_injected_harness_crash_is_a_counted_failure_not_a_zero(locomo, servers,
     assert f"{len(failed)} excluded" in md or "excluded (" in md
 
 
+@pytest.mark.slow  # two bank-building runs: kept out of the edit-test loop
 def test_a_writer_that_times_out_fails_its_items_as_zeros_and_is_not_retried(locomo, servers, tmp_path):
     """The writer's endpoint answers slower than the writer's timeout: its bank builds end as writer
     failures (not retried, not excused as the platform's), and its items are 0 in its means; the other
@@ -329,6 +330,7 @@ def long_reader(body):
     return "ASIN: B000000000"
 
 
+@pytest.mark.slow  # two bank-building runs: kept out of the edit-test loop
 def test_each_benchmark_reads_under_its_published_budget_and_cut_answers_are_counted(tmp_path):
     fix = REPO / "tests" / "fixtures" / "eval_benchmarks"
     sources = (

@@ -43,9 +43,11 @@ NOT_RUN_REASONS = {
 }
 PLATFORM, WRITER = "platform", "writer"
 # "clustered": one draw of source sequences per replicate for everything (the table's intervals);
-# "cell": each (harness, metric) cell drawn on its own, writers paired inside it (the comparison column);
-# "unpaired": every writer's cell drawn on its own (what a paired test must beat)
+# "cell": each (harness, metric) cell's items drawn on their own, writers paired inside it (the
+# independent bootstrap this table replaced: the comparison section); "unpaired": every writer's cell
+# drawn on its own (what a paired test must beat)
 RESAMPLING = ("clustered", "cell", "unpaired")
+RESAMPLING_UNIT = {"clustered": "sequence", "cell": "item", "unpaired": "sequence"}
 TRUNCATION_FLAG = 0.01  # a cell whose cut reader answers exceed this share is flagged
 
 
@@ -136,43 +138,58 @@ def build_table(
     metrics: dict[str, list[str]] = defaultdict(list)
     for h, m in sorted(by, key=lambda k: (harnesses.index(k[0]), _metric_order(k[1]))):
         metrics[h].append(m)
-    clusters = sorted({cluster_of(r) for r in records})
-    cix = {c: i for i, c in enumerate(clusters)}
-    data: dict[tuple[str, str, str], _CellData] = {}
+    kept: dict[tuple[str, str], tuple[list[str], int]] = {}  # (harness, metric) -> kept items, excluded
     categories: dict[tuple[str, str, str, str], tuple[float, int]] = {}
     for (h, m), per_writer in by.items():
         items = sorted({i for recs in per_writer.values() for i in recs})
         # a platform failure (or a missing answer) of any writer drops the item for all: pairs stay whole
         excluded = {i for i in items for w in writers
                     if i not in per_writer.get(w, {}) or failure_class(per_writer[w][i]) == PLATFORM}  # fmt: skip
-        kept = [i for i in items if i not in excluded]
+        kept[(h, m)] = ([i for i in items if i not in excluded], len(excluded))
         for w in writers:
-            recs = per_writer.get(w, {})
-            s = np.array([recs[i].get("score", 0.0) for i in kept], dtype=float)  # writer failure: 0
-            c = np.array([cix[cluster_of(recs[i])] for i in kept], dtype=int)
-            data[(w, h, m)] = _CellData(
-                float(s.mean() * 100) if kept else math.nan,
-                np.bincount(c, weights=s, minlength=len(clusters)), np.bincount(c, minlength=len(clusters)),
-                np.unique(c), sum(failure_class(recs[i]) == WRITER for i in kept), len(excluded),
-                sum(recs[i].get("finish_reason") == "length" for i in kept),
-            )  # fmt: skip
             cat: dict[str, list[float]] = defaultdict(list)
-            for i in kept:
-                cat[recs[i].get("category", "")].append(recs[i].get("score", 0.0))
+            for i in kept[(h, m)][0]:
+                r = per_writer[w][i]
+                cat[r.get("category", "")].append(r.get("score", 0.0))  # writer failure: 0
             for k, v in cat.items():
                 categories[(w, h, m, k)] = (float(np.mean(v) * 100), len(v))
     t = MatrixTable(
         writers, harnesses, held_out, dict(metrics), {}, {}, {}, {}, categories, resampling=resampling
     )
-    boots = _replicates(t, data, len(clusters), max(resamples, 1), np.random.default_rng(seed), resampling)
-    _fill(t, data, boots)
+    B = max(resamples, 1)
+    data, C = _cell_data(by, kept, writers, RESAMPLING_UNIT[resampling])
+    _fill(t, data, _replicates(data, C, B, np.random.default_rng(seed), resampling))
     if compare and compare != resampling:
         other = MatrixTable(writers, harnesses, held_out, dict(metrics), {}, {}, {}, {})
-        _fill(other, data, _replicates(other, data, len(clusters), max(resamples, 1),
-                                       np.random.default_rng(seed), compare))  # fmt: skip
+        odata, oC = _cell_data(by, kept, writers, RESAMPLING_UNIT[compare])
+        _fill(other, odata, _replicates(odata, oC, B, np.random.default_rng(seed), compare))
         t.compare = {"resampling": compare, "average": other.average, "harness_scores": other.harness_scores,
                      "diffs": other.diffs}  # fmt: skip
     return t
+
+
+def _cell_data(
+    by: dict, kept: dict[tuple[str, str], tuple[list[str], int]], writers: list[str], unit: str
+) -> tuple[dict[tuple[str, str, str], _CellData], int]:
+    """Per cell and writer: its mean, counts, and per-unit score sums over the resampling units (a
+    source sequence, or each item on its own). Returns them with the number of units."""
+    key = (lambda h, m, r: cluster_of(r)) if unit == "sequence" else (lambda h, m, r: (h, m, r["item_id"]))
+    units = sorted({key(h, m, by[(h, m)][w][i]) for (h, m), (items, _) in kept.items() for w in writers
+                    for i in items}, key=str)  # fmt: skip
+    uix = {u: j for j, u in enumerate(units)}
+    data = {}
+    for (h, m), (items, excluded) in kept.items():
+        for w in writers:
+            recs = [by[(h, m)][w][i] for i in items]
+            s = np.array([r.get("score", 0.0) for r in recs], dtype=float)  # writer failure: 0
+            c = np.array([uix[key(h, m, r)] for r in recs], dtype=int)
+            data[(w, h, m)] = _CellData(
+                float(s.mean() * 100) if recs else math.nan,
+                np.bincount(c, weights=s, minlength=len(units)), np.bincount(c, minlength=len(units)),
+                np.unique(c), sum(failure_class(r) == WRITER for r in recs), excluded,
+                sum(r.get("finish_reason") == "length" for r in recs),
+            )  # fmt: skip
+    return data, len(units)
 
 
 def cluster_of(rec: dict[str, Any]) -> str:
@@ -189,9 +206,8 @@ def _weights(rng: np.random.Generator, B: int, C: int, among: np.ndarray) -> np.
 
 
 def _replicates(
-    t: MatrixTable, data: dict[tuple[str, str, str], _CellData], C: int, B: int, rng: np.random.Generator,
-    resampling: str,
-) -> dict[tuple[str, str, str], np.ndarray]:  # fmt: skip
+    data: dict[tuple[str, str, str], _CellData], C: int, B: int, rng: np.random.Generator, resampling: str
+) -> dict[tuple[str, str, str], np.ndarray]:
     """[B] replicate means (x100) of every cell."""
     every = np.arange(C)
     shared = _weights(rng, B, C, every) if resampling == "clustered" else None
@@ -374,7 +390,7 @@ def _comparison(t: MatrixTable) -> list[str]:
 
 RESAMPLING_LABEL = {
     "clustered": "source sequences drawn once per replicate for every cell and writer",
-    "cell": "each cell's sequences drawn on their own, writers paired within a cell",
+    "cell": "each cell's items drawn on their own, writers paired within a cell",
     "unpaired": "every writer's cell drawn on its own",
 }
 

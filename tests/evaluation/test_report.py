@@ -84,6 +84,15 @@ def test_clustered_intervals_widen_where_items_are_shared_across_cells():
     ratio = width / (cell.hi - cell.lo)
     assert 1.25 < ratio < 1.6, ratio  # sqrt(2) = 1.41 in expectation
     assert "Intervals side by side: clustered (the table's) and cell" in to_markdown(t, [])
+    # inside one cell too: five questions asked of each conversation, answered alike, are one draw
+    easy = np.random.default_rng(2).random(40) < 0.5
+    five = [rec("a", "native", "LoCoMo Judge", f"c{c}q{q}", float(easy[c]), seq=f"conv{c}")
+            for c in range(40) for q in range(5)]  # fmt: skip
+    one = build_table(five, ["a"], ["native"], {}, resamples=2000)
+    ratio = (one.average["a"].hi - one.average["a"].lo) / (
+        one.compare["average"]["a"].hi - one.compare["average"]["a"].lo
+    )
+    assert 1.8 < ratio < 2.7, ratio  # sqrt(5) = 2.24
 
 
 def test_a_small_paired_difference_is_detected_paired_and_missed_unpaired():

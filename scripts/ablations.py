@@ -1,16 +1,17 @@
 """`make ablations`: the ablation table at tiny scale on CPU, from `make demo`'s OPD checkpoint.
 
-    .venv/bin/python scripts/ablations.py                       # 3 seeds x 2 RL steps per ablation (~30 min)
-    .venv/bin/python scripts/ablations.py --full                # 3 seeds x 24 steps (the demo's RL length)
-    .venv/bin/python scripts/ablations.py --only baseline no_traps --seeds 2
+    .venv/bin/python scripts/ablations.py                       # 3 seeds x 24 RL steps (the demo's RL length)
+    .venv/bin/python scripts/ablations.py --only baseline no_traps --seeds 2 --jobs 2
 
-Writes runs/ablations/ (one run directory per ablation and seed; finished runs are reused) and the
-table to docs/ablations.md + docs/ablations.png. The logic lives in scripts/demo_lib/ablations.py.
+Writes runs/ablations/ (one run directory per ablation and seed, and one writer-swap evaluation per
+seed under eval/; finished runs and evaluations are reused) and the table to docs/ablations.md +
+docs/ablations.png. Each registered direction (docs/ablation_predictions.md) is checked on its own
+held-out bank metric. The logic lives in scripts/demo_lib/ablations.py.
 
 On a cluster, slurm/submit_ablations.sh runs the same table as a job array, through two more modes:
 
     scripts/ablations.py --plan-array --out DIR --base hy_memory_rl --seeds 3   # DIR/array_tasks.tsv
-    scripts/ablations.py --collect --out DIR                                    # DIR/table.md from the runs
+    scripts/ablations.py --collect --out DIR --eval-data HELD_OUT               # DIR/table.md from the runs
 """
 
 import argparse
@@ -30,16 +31,14 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="runs/ablations")
     ap.add_argument("--table", default="docs/ablations.md")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=24, help="RL steps per run (the demo's RL: 24)")
     ap.add_argument(
-        "--steps", type=int, default=2, help="RL steps per run (held-out evaluation at 0 and the last)"
-    )
-    ap.add_argument("--eval-rollouts", type=int, default=1, help="rollouts per held-out first window")
-    ap.add_argument(
-        "--full", action="store_true", help="24 steps and 4 evaluation rollouts, as the demo's RL"
+        "--jobs", type=int, default=2, help="RL runs at a time, each with cores/jobs torch threads"
     )
     ap.add_argument("--only", nargs="*", help="ablation names (baseline, no_traps, ...)")
     ap.add_argument("--plan-array", action="store_true", help="write the job array's tasks (slurm/)")
     ap.add_argument("--collect", action="store_true", help="the table from a job array's runs (slurm/)")
+    ap.add_argument("--eval-data", default="", help="--collect: the built held-out dataset to evaluate on")
     ap.add_argument("--base", default="hy_memory_rl", help="--plan-array: the experiment the knobs apply to")
     ap.add_argument("--sft-init", default="", help="--plan-array: the generic SFT checkpoint (sft_init)")
     args = ap.parse_args()
@@ -52,13 +51,22 @@ if __name__ == "__main__":
         print(len(path.read_text().splitlines()))  # the array's size, for the submit script
         sys.exit(0)
     if args.collect:
-        print(collect_array(Path(args.out), Path(args.out) / "table.md"))
+        if not args.eval_data:
+            ap.error("--collect needs --eval-data (the built held-out dataset every arm is evaluated on)")
+        print(collect_array(Path(args.out), Path(args.out) / "table.md", eval_data=Path(args.eval_data)))
         sys.exit(0)
 
-    steps, ev = (24, 4) if args.full else (args.steps, args.eval_rollouts)
     t0 = time.perf_counter()
-    table = run_table(Path(args.demo_root), Path(args.out), seeds=args.seeds, steps=steps, eval_rollouts=ev,
-                      only=args.only)  # fmt: skip
+    table = run_table(
+        Path(args.demo_root),
+        Path(args.out),
+        seeds=args.seeds,
+        steps=args.steps,
+        only=args.only,
+        jobs=args.jobs,
+    )
     print(
-        write_table(table, Path(args.table), steps=steps, seeds=args.seeds, wall_s=time.perf_counter() - t0)
+        write_table(
+            table, Path(args.table), steps=args.steps, seeds=args.seeds, wall_s=time.perf_counter() - t0
+        )
     )

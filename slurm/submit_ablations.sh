@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # The ablation table on a cluster: every configs/exp/ablation_*.yaml (and the baseline) x N seeds as one
 # Slurm job array of RL runs (each task is slurm/ray_job.sbatch on its own allocation), then one job,
-# after the whole array, that collects the table from the runs' held-out metrics into OUT/table.md.
+# after the whole array, that evaluates every run's final checkpoint per seed on a held-out dataset
+# (--eval-data) and writes the table into OUT/table.md.
 #
-#   slurm/submit_ablations.sh --out runs/ablations --seeds 3 -- --nodes=16 --gpus-per-node=8 -- \
+#   slurm/submit_ablations.sh --out runs/ablations --seeds 3 --eval-data runs/data/eval/native -- --nodes=16 --gpus-per-node=8 -- \
 #       cluster=slurm_16x8 data.per_harness.hy_memory=... init_checkpoint=runs/opd/final reader_model.path=...
 #
 # Options before the first --: --out DIR (runs/ablations), --seeds N (3), --only "baseline no_traps",
 # --base EXP (hy_memory_rl: each task runs its overlay itself), --sft-init DIR (the sft_init overlay's
-# checkpoint when --base is another experiment). Between the two --: sbatch options for every task.
+# checkpoint when --base is another experiment), --eval-data DIR (required: the built held-out dataset
+# the collecting job evaluates every arm on). Between the two --: sbatch options for every task.
 # After the second --: Hydra overrides for every run. A task's own run directory is OUT/<ablation>/seed<k>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${HYMEM_PYTHON:-.venv/bin/python}
-OUT=runs/ablations SEEDS=3 ONLY="" BASE=hy_memory_rl SFT=""
+OUT=runs/ablations SEEDS=3 ONLY="" BASE=hy_memory_rl SFT="" EVAL=""
 while (($#)) && [[ $1 != -- ]]; do
   case $1 in
     --out) OUT=$2; shift 2 ;;
@@ -21,9 +23,11 @@ while (($#)) && [[ $1 != -- ]]; do
     --only) ONLY=$2; shift 2 ;;
     --base) BASE=$2; shift 2 ;;
     --sft-init) SFT=$2; shift 2 ;;
+    --eval-data) EVAL=$2; shift 2 ;;
     *) echo "submit_ablations.sh: unknown option $1 (see the header)" >&2; exit 2 ;;
   esac
 done
+[[ -n $EVAL ]] || { echo "submit_ablations.sh: --eval-data DIR is required (see the header)" >&2; exit 2; }
 [[ ${1:-} == -- ]] && shift
 SBATCH_OPTS=()
 while (($#)) && [[ $1 != -- ]]; do SBATCH_OPTS+=("$1"); shift; done
@@ -50,6 +54,6 @@ ARRAY=$(sbatch --parsable --array="0-$((N - 1))" --job-name=hymem-ablation --out
   --export="ALL,HYMEM_ARRAY_MANIFEST=$MANIFEST" "${SBATCH_OPTS[@]}" slurm/ray_job.sbatch hymem_train.rl "$@")
 ARRAY=${ARRAY%%;*}
 COLLECT=$(sbatch --parsable --dependency="afterany:$ARRAY" --nodes=1 --ntasks=1 --job-name=hymem-ablation-table \
-  --output="$OUT/logs/%x-%j.out" --wrap="$PY scripts/ablations.py --collect --out $OUT")
+  --output="$OUT/logs/%x-%j.out" --wrap="$PY scripts/ablations.py --collect --out $OUT --eval-data $EVAL")
 echo "array $ARRAY: $N runs ($(cut -f1 "$MANIFEST" | sort -u | tr '\n' ' ')x $SEEDS seeds) into $OUT"
 echo "table job $COLLECT (after the array): $OUT/table.md"

@@ -7,27 +7,73 @@ recipe (`+exp=demo_rl`). Path-valued knobs get their tiny-scale counterpart (`in
 demo's SFT student, the checkpoint OPD started from); a knob with no tiny-scale counterpart is shown
 as "not run" with the reason. Seeds: `run.seed` (it reaches every seed of the stage). Runs that
 finished are reused, so an interrupted table resumes.
+
+What the table reads: per seed, one `python -m hymem_train.evaluate +exp=evaluate_demo` over the
+demo's held-out sequences with the OPD start and every ablation's final checkpoint as writers, so
+every arm is measured by the same reader, judge and items (the bank metrics of
+reward/bank_metrics.py, from the banks themselves). Each ablation's registered direction
+(`PREDICTED`, the table of docs/ablation_predictions.md) is checked on its own metric.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-METRIC = "eval/s"  # held-out mean per-chunk score s[t] (the RL stage's own held-out evaluation)
-# Bumped when the held-out metric's meaning changes, so an old run is re-run rather than reused.
-# v2: held-out banks scored with the report's reward protocol (ScoringConfig.report_protocol), not
-# each run's own (ablated) reward config.
-METRIC_VERSION = "v2"
+# Bumped when what a finished run means changes, so an old run is re-run rather than reused.
+# v3: no in-run held-out evaluation; the table reads the per-seed writer-swap evaluation's bank metrics.
+RUN_VERSION = "v3"
 BASELINE = "baseline"
+START = "opd"  # the writer every RL run starts from, evaluated beside them
+ZERO_ADV = "reward/zero_advantage_share"
 # t quantiles (two-sided 95%) for small samples; a normal quantile beyond
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A direction registered before the runs: the sign of (ablation - baseline) on one bank metric."""
+
+    metric: str  # a metric of reward/bank_metrics.py, on the held-out banks
+    sign: str  # "+", "-" or "0" (no separation: the interval covers 0)
+    why: str
+    identical: bool = False  # equal to the baseline by construction: every metric, every seed, exactly
+
+
+# Mirrors docs/ablation_predictions.md (registered before any ablation ran on the testbed; a test holds
+# the two equal). Never edited after a result: a direction that fails is reported, not re-registered.
+PREDICTED = {
+    "no_traps": Prediction(
+        "false_memory_resistance", "-", "only the trap probes penalise the small talk the teacher taught"
+    ),
+    "window_level_grpo": Prediction(
+        "false_memory_resistance", "-", "a window-level advantage dilutes the trap decision of one chunk"
+    ),
+    "no_growth_penalty": Prediction(
+        "bank_records", "+", "the penalty is the only term against records the reader ignores (small)"
+    ),
+    "sft_init": Prediction("memory_recall", "0", "OPD did not change the student's recall here"),
+    "broadcast_orm": Prediction("memory_recall", "0", "held-out ORM is small and no writer keeps a history"),
+    "binary_reward": Prediction(
+        "false_memory_resistance", "0", "the demo's judge is exact match, already 0/1", identical=True
+    ),
+    "one_vote_loss": Prediction(
+        "false_memory_resistance", "0", "one LLM call per chunk: a chunk is a segment", identical=True
+    ),
+    "format_only": Prediction(
+        "false_memory_resistance", "-", "well-formedness does not tell small talk from facts"
+    ),
+}
+# shown for every arm beside its own metric: what each knob could move
+CONTEXT_METRICS = ("memory_recall", "false_memory_resistance", "op_invalid", "bank_records", "unparsed_share")
 
 
 @dataclass
@@ -36,9 +82,12 @@ class Ablation:
     knob: str  # the dotted key the overlay changes ("" for the baseline)
     overrides: list[str]  # the knob at tiny scale, as Hydra overrides
     skip_reason: str = ""  # non-empty: not run at tiny scale, and why
-    finals: list[float] = field(default_factory=list)  # METRIC at the last step, one per seed
-    starts: list[float] = field(default_factory=list)  # METRIC at step 0, one per seed
+    runs: dict[int, Path] = field(default_factory=dict)  # seed -> finished run directory
     seconds: list[float] = field(default_factory=list)
+    # seed -> bank metric -> held-out value (filled by `evaluate_seeds`)
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    zero_adv: list[float] = field(default_factory=list)  # per seed: mean zero-advantage share over steps
+    paired: bool = True  # starts from the baseline's checkpoint, so differences are paired by seed
 
 
 def _fmt(v) -> str:
@@ -64,7 +113,7 @@ def discover(root: Path, config_dir: Path | None = None) -> list[Ablation]:
             raise ValueError(f"{p}: an ablation overlay changes one knob; this one changes {sorted(diff)}")
         [(knob, (_, value))] = diff.items()
         if knob == "init_checkpoint":  # generic SFT init: the demo's SFT student, where OPD started
-            out.append(Ablation(name, knob, [f"init_checkpoint={root}/student_init/final"]))
+            out.append(Ablation(name, knob, [f"init_checkpoint={root}/student_init/final"], paired=False))
         elif knob == "harnesses":
             out.append(Ablation(name, knob, [], skip_reason="the tiny recipe trains in one harness (native)"))
         else:
@@ -73,17 +122,24 @@ def discover(root: Path, config_dir: Path | None = None) -> list[Ablation]:
     return out
 
 
+def _start_checkpoint(root: Path) -> Path:
+    # resolved: a step checkpoint finds its run's config.yaml beside its real parent, not a link's
+    return (root / "opd" / "final").resolve()
+
+
 def run_table(
     root: Path,
     out: Path,
     *,
     seeds: int = 3,
-    steps: int = 2,
-    eval_rollouts: int = 1,
+    steps: int = 24,
     only: list[str] | None = None,
     extra: list[str] | None = None,
+    jobs: int = 1,
+    evaluate: bool = True,
 ) -> list[Ablation]:
-    """Every ablation x seed as a real `python -m hymem_train.rl` run (reused when already finished)."""
+    """Every ablation x seed as a real `python -m hymem_train.rl` run (reused when already finished),
+    `jobs` at a time (each with cores/jobs torch threads), then `evaluate_seeds`."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from scripts.demo_lib.pipeline import growth_overrides
 
@@ -94,42 +150,105 @@ def run_table(
             )
     growth, _ = growth_overrides(root / "opd")
     table = [a for a in discover(root) if not only or a.name in only]
-    for a in table:
-        if a.skip_reason:
-            continue
-        for seed in range(seeds):
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    tasks = []
+    for seed in range(seeds):  # seed-major: an interrupted table has whole seeds
+        for a in table:
+            if a.skip_reason:
+                continue
             run_dir = out / a.name / f"seed{seed}"
             cmd = [sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl",
-                   f"data.path={root}/data/prompts/native", f"data.eval_path={root}/data/eval/native",
-                   f"init_checkpoint={root}/opd/final", f"reader_model.path={root}/sft/final",
+                   f"data.path={root}/data/prompts/native", "data.eval_path=''",
+                   f"init_checkpoint={_start_checkpoint(root)}", f"reader_model.path={root}/sft/final",
                    f"run.output_dir={run_dir}", f"run.name=ablation_{a.name}_seed{seed}", f"run.seed={seed}",
-                   f"num_steps={steps}", f"save_every={steps}", f"rl.num_eval_rollouts={eval_rollouts}",
+                   f"num_steps={steps}", f"save_every={steps}",
                    "logging.wandb_mode=disabled", *growth, *a.overrides, *(extra or [])]  # fmt: skip
-            key = json.dumps({"metric_version": METRIC_VERSION, "cmd": cmd[1:]})
-            rows = _history(run_dir)
-            stamp = run_dir / "ablation_key.json"
-            fresh = stamp.exists() and stamp.read_text() == key
-            if not (fresh and rows and rows[-1]["step"] == steps and METRIC in rows[-1]):
-                if run_dir.exists():  # another command or metric version: it would resume, not restart
-                    shutil.rmtree(run_dir)
-                t0 = time.perf_counter()
-                print(f"  {a.name} seed {seed}: {' '.join(a.overrides) or '(the demo recipe)'}", flush=True)
-                log = out / "logs" / f"{a.name}_seed{seed}.log"
-                log.parent.mkdir(parents=True, exist_ok=True)
-                with log.open("w") as f:
-                    r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-                if r.returncode != 0:
-                    raise RuntimeError(
-                        f"ablation {a.name} seed {seed} failed (exit {r.returncode}); see {log}"
-                    )
-                (run_dir / "wall_seconds").write_text(f"{time.perf_counter() - t0:.1f}")
-                stamp.write_text(key)
-                rows = _history(run_dir)
-            a.starts.append(next(r[METRIC] for r in rows if r["step"] == 0))
-            a.finals.append(rows[-1][METRIC])
-            wall = run_dir / "wall_seconds"
-            a.seconds.append(float(wall.read_text()) if wall.exists() else float("nan"))
+            tasks.append((a, seed, run_dir, cmd))
+
+    def one(task) -> None:
+        a, seed, run_dir, cmd = task
+        key = json.dumps({"run_version": RUN_VERSION, "cmd": cmd[1:]})
+        stamp = run_dir / "ablation_key.json"
+        if _finished(run_dir, steps) and stamp.exists() and stamp.read_text() == key:
+            return
+        if run_dir.exists():  # another command or version: it would resume, not restart
+            shutil.rmtree(run_dir)
+        t0 = time.perf_counter()
+        print(f"  {a.name} seed {seed}: {' '.join(a.overrides) or '(the demo recipe)'}", flush=True)
+        log = out / "logs" / f"{a.name}_seed{seed}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": threads}
+        with log.open("w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if r.returncode != 0:
+            raise RuntimeError(f"ablation {a.name} seed {seed} failed (exit {r.returncode}); see {log}")
+        (run_dir / "wall_seconds").write_text(f"{time.perf_counter() - t0:.1f}")
+        stamp.write_text(key)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, tasks))  # re-raises the first failure
+    for a, seed, run_dir, _ in tasks:
+        a.runs[seed] = run_dir
+        wall = run_dir / "wall_seconds"
+        a.seconds.append(float(wall.read_text()) if wall.exists() else float("nan"))
+    if evaluate:
+        evaluate_seeds(table, root / "data" / "eval" / "native", _start_checkpoint(root), out)
     return table
+
+
+def _finished(run_dir: Path, steps: int) -> bool:
+    rows = _history(run_dir)
+    return bool(rows) and rows[-1]["step"] == steps and (run_dir / "final").exists()
+
+
+def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) -> None:
+    """Per seed, one writer-swap evaluation over the held-out data with the bounds, the OPD start and
+    every arm's final checkpoint; fills each arm's `metrics` and `zero_adv`. Reused while its writers
+    and their runs are unchanged."""
+    from scripts.demo_lib.pipeline import _run
+
+    for seed in sorted({s for a in table for s in a.runs}):
+        arms = [a for a in table if seed in a.runs]
+        writers = ["{name: nothing, kind: empty}", "{name: gold, kind: gold}",
+                   f"{{name: {START}, checkpoint: '{start}'}}",
+                   *(f"{{name: {a.name}, checkpoint: '{a.runs[seed]}/final'}}" for a in arms)]  # fmt: skip
+        ev = out / "eval" / f"seed{seed}"
+        key = json.dumps(
+            {
+                "writers": writers,
+                "data": str(held),
+                "runs": [
+                    (a.runs[seed] / "ablation_key.json").read_text()
+                    if (a.runs[seed] / "ablation_key.json").exists()
+                    else ""
+                    for a in arms
+                ],
+            }  # fmt: skip
+        )
+        doc = ev / "eval" / "bank_metrics.json"
+        if not (doc.exists() and (ev / "ablation_eval_key.json").exists()
+                and (ev / "ablation_eval_key.json").read_text() == key):  # fmt: skip
+            if ev.exists():
+                shutil.rmtree(ev)
+            print(f"  evaluation, seed {seed}: {len(arms)} arms + {START} on {held}", flush=True)
+            _run(["-m", "hymem_train.evaluate", "+exp=evaluate_demo", f"writers=[{', '.join(writers)}]",
+                  f"data.path={held}", f"run.output_dir={ev}", f"++run.seed={seed}"],
+                 out / "logs" / f"evaluate_seed{seed}.log")  # fmt: skip
+            (ev / "ablation_eval_key.json").write_text(key)
+        if not doc.exists():
+            raise RuntimeError(
+                f"{ev}: no bank metrics: {held} must be ledger-world data in the native harness"
+            )
+        vals = json.loads(doc.read_text())["harnesses"]["native"]["writers"]
+        for a in arms:
+            a.metrics[seed] = {m: v["value"] for m, v in vals[a.name].items()}
+            z = [r[ZERO_ADV] for r in _history(a.runs[seed]) if ZERO_ADV in r]
+            a.zero_adv.append(sum(z) / len(z) if z else float("nan"))
+        start_row = next((a for a in table if a.name == START), None)
+        if start_row is None:
+            start_row = Ablation(START, "", [], skip_reason="the RL start, evaluated beside the arms")
+            table.append(start_row)
+        start_row.metrics[seed] = {m: v["value"] for m, v in vals[START].items()}
 
 
 def _history(run_dir: Path) -> list[dict]:
@@ -166,56 +285,132 @@ def diff_ci(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return mx - my, T95.get(max(1, math.floor(df)), 1.96) * se
 
 
+def _shift(d: float, h: float) -> str:
+    """The observed direction: the sign of an interval that excludes 0, else "0" (a tie)."""
+    if math.isnan(h):
+        return "?"
+    return "+" if d - h > 0 else "-" if d + h < 0 else "0"
+
+
+@dataclass
+class Verdict:
+    name: str
+    metric: str
+    base: float
+    arm: float
+    diff: float
+    half: float  # 95% half-width over seeds (nan: fewer than 2 seeds)
+    seeds: int
+    predicted: str
+    observed: str
+    held: str  # "yes" | "no" | "n/a"
+
+
+def verdicts(table: list[Ablation]) -> list[Verdict]:
+    """Each registered direction checked on its arm's held-out metric: ablation - baseline over seeds,
+    paired by seed where the arm shares the baseline's start (a t-interval of the differences), Welch
+    where it does not. An "identical by construction" arm holds only when every bank metric of every
+    seed equals the baseline's exactly."""
+    base = next(a for a in table if a.name == BASELINE)
+    out = []
+    for a in table:
+        p = PREDICTED.get(a.name)
+        if p is None or not a.metrics:
+            continue
+        common = sorted(set(a.metrics) & set(base.metrics))
+        xs = [a.metrics[s][p.metric] for s in common]
+        ys = [base.metrics[s][p.metric] for s in common]
+        if not common:
+            continue
+        if a.paired:
+            d, h = mean_ci([x - y for x, y in zip(xs, ys, strict=True)])
+        else:
+            d, h = diff_ci(xs, ys)
+        obs = _shift(d, h)
+        if p.identical:
+            same = all(a.metrics[s] == base.metrics[s] for s in common)
+            obs = "identical" if same else obs
+            held = "yes" if same else "no"
+        elif obs == "?":
+            held = "n/a"
+        else:
+            held = "yes" if obs == p.sign else "no"
+        out.append(Verdict(a.name, p.metric, sum(ys) / len(ys), sum(xs) / len(xs), d, h, len(common),
+                           p.sign, obs, held))  # fmt: skip
+    return out
+
+
+def _cell(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    m, h = mean_ci(xs)
+    return f"{m:.3f}" if math.isnan(h) else f"{m:.3f} ± {h:.3f}"
+
+
 def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wall_s: float | None) -> str:
-    """docs/ablations.md-style markdown (and a PNG beside it): mean +- 95% CI per ablation and the
-    difference to the baseline; an interval that covers 0 is a tie."""
-    base = next((a for a in table if a.name == BASELINE), None)
+    """docs/ablations.md-style markdown (and a PNG beside it): every registered direction checked, then
+    every arm on every bank metric (mean ± 95% t half-width over seeds)."""
+    runs_min = sum(x for a in table for x in a.seconds if not math.isnan(x)) / 60
     lines = [
-        f"Held-out mean per-chunk score `{METRIC}` after {steps} RL steps, {seeds} seed(s) each "
-        f"(run.seed 0..{seeds - 1}), every run from the same OPD checkpoint; 95% t-intervals (Welch for the "
-        f"difference)."
+        f"{steps} RL steps per run from the same OPD checkpoint, run.seed 0..{seeds - 1}; held-out bank "
+        "metrics from one writer-swap evaluation per seed (every arm's final checkpoint and the OPD start "
+        "on the same held-out sequences, reader and judge). Differences: ablation - baseline, mean over "
+        "seeds with a 95% t-interval (paired by seed; Welch for an arm with another start). Observed: the "
+        "sign of an interval that excludes 0, else 0."
         + (
             ""
             if wall_s is None
-            else f" Wall time of the table: {wall_s / 60:.1f} min (the runs themselves: "
-            f"{sum(x for a in table for x in a.seconds if not math.isnan(x)) / 60:.1f} min; a finished run is reused)."
-        ),
+            else f" Wall time of the table: {wall_s / 60:.1f} min (runs: {runs_min:.1f} min; "
+            "finished runs and evaluations are reused)."
+        ),  # fmt: skip
         "",
-        "| ablation | knob | step 0 | final | final - baseline |",
-        "|---|---|---|---|---|",
+        "| ablation | metric | baseline | ablation | ablation - baseline | seeds | predicted | observed | held |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in verdicts(table):
+        iv = (
+            f"{v.diff:+.3f}"
+            if math.isnan(v.half)
+            else f"{v.diff:+.3f} [{v.diff - v.half:+.3f}, {v.diff + v.half:+.3f}]"
+        )
+        lines.append(f"| {v.name} | {v.metric} | {v.base:.3f} | {v.arm:.3f} | {iv} | {v.seeds} | {v.predicted} | "
+                     f"{v.observed} | {v.held} |")  # fmt: skip
+    for a in table:
+        if a.skip_reason and a.name != START:
+            lines.append(f"| {a.name} | - | | | not run ({a.skip_reason}) | | | | |")
+    lines += [
+        "",
+        "| arm | knob | seeds | " + " | ".join(CONTEXT_METRICS) + " | zero-advantage share | run min |",
+        "|---|---|---|" + "---|" * (len(CONTEXT_METRICS) + 2),
     ]
     for a in table:
-        if a.skip_reason:
-            lines.append(f"| {a.name} | `{a.knob}` | not run | not run ({a.skip_reason}) | |")
+        if not a.metrics:
             continue
-        s0, (m, h) = mean_ci(a.starts)[0], mean_ci(a.finals)
-        d = (
-            ""
-            if a is base or base is None or not base.finals
-            else "{:+.3f} ± {:.3f}".format(*diff_ci(a.finals, base.finals))
-        )
-        lines.append(f"| {a.name} | `{a.knob or '-'}` | {s0:.3f} | {m:.3f} ± {h:.3f} | {d} |")
+        cells = [_cell([a.metrics[s][m] for s in sorted(a.metrics)]) for m in CONTEXT_METRICS]
+        za = _cell([z for z in a.zero_adv if not math.isnan(z)])
+        mins = [x / 60 for x in a.seconds if not math.isnan(x)]
+        run_min = f"{sum(mins) / len(mins):.1f}" if mins else "-"
+        row = [a.name, f"`{a.knob or '-'}`", str(len(a.metrics)), *cells, za, run_min]
+        lines.append("| " + " | ".join(row) + " |")
     text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    _plot(table, path.with_suffix(".png"))
+    _plot(verdicts(table), path.with_suffix(".png"))
     return text
 
 
-def _plot(table: list[Ablation], png: Path) -> None:
+def _plot(vs: list[Verdict], png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ran = [a for a in table if a.finals]
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(ran)))
-    for i, a in enumerate(ran):
-        m, h = mean_ci(a.finals)
-        ax.errorbar([m], [i], xerr=[[0 if math.isnan(h) else h]], fmt="o", capsize=3)
-        ax.scatter(a.finals, [i] * len(a.finals), s=8, alpha=0.5)
-    ax.set_yticks(range(len(ran)), [a.name for a in ran], fontsize=8)
-    ax.set_xlabel(f"held-out {METRIC} (mean, 95% CI; dots: seeds)", fontsize=8)
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.45 * max(1, len(vs))))
+    for i, v in enumerate(vs):
+        ax.errorbar([v.diff], [i], xerr=[[0 if math.isnan(v.half) else v.half]], fmt="o", capsize=3)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(vs)), [f"{v.name}: {v.metric} (pred {v.predicted})" for v in vs], fontsize=7)
+    ax.set_xlabel("ablation - baseline on its registered metric (95% CI over seeds)", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png, dpi=90)
@@ -263,41 +458,46 @@ def plan_array(
     return out / MANIFEST
 
 
-def collect_array(out: Path, table_path: Path) -> str:
-    """The table from the array's run directories. A run that did not finish (failed, cancelled, still
-    running) is counted and left out of its row's mean, never read as a score."""
-    knobs = {a.name: a.knob for a in discover(Path("."))}
+def collect_array(out: Path, table_path: Path, *, eval_data: Path) -> str:
+    """The table from the array's run directories, evaluated per seed on `eval_data` (a built held-out
+    dataset) from the baseline's start. A run that did not finish (failed, cancelled, still running)
+    is named and left out, never read as a score."""
+    knobs = {a.name: (a.knob, a.paired) for a in discover(Path("."))}
     table: dict[str, Ablation] = {}
     missing: dict[str, list[str]] = {}
-    steps = set()
+    steps, start = set(), None
     for line in (out / MANIFEST).read_text().splitlines():
         name, seed, run_dir = line.split("\t")[:3]
-        a = table.setdefault(name, Ablation(name, knobs.get(name, "?"), []))
-        rows = [r for r in _history(Path(run_dir)) if METRIC in r]
+        knob, paired = knobs.get(name, ("?", True))
+        a = table.setdefault(name, Ablation(name, knob, [], paired=paired))
         cfg = Path(run_dir) / "config.yaml"
-        want = _num_steps(cfg) if cfg.exists() else None
-        if not rows or want is None or rows[-1]["step"] != want or rows[0]["step"] != 0:
+        want = _config_value(cfg, "num_steps") if cfg.exists() else None
+        if want is None or not _finished(Path(run_dir), int(want)):
             missing.setdefault(name, []).append(seed)
             continue
-        steps.add(want)
-        a.starts.append(rows[0][METRIC])
-        a.finals.append(rows[-1][METRIC])
+        steps.add(int(want))
+        a.runs[int(seed)] = Path(run_dir)
+        if name == BASELINE:
+            start = Path(_config_value(cfg, "init_checkpoint") or "")
+    if BASELINE not in table or not table[BASELINE].runs or start is None:
+        raise RuntimeError(f"{out}: no finished baseline run; the table is relative to it")
     for name, seeds in missing.items():
-        if not table[name].finals:
+        if not table[name].runs:
             table[name].skip_reason = f"no finished run (seeds {', '.join(seeds)})"
-    n_seeds = max((len(a.finals) for a in table.values()), default=0)
-    text = write_table(
-        list(table.values()), table_path, steps=max(steps, default=0), seeds=n_seeds, wall_s=None
-    )
+    rows = list(table.values())
+    evaluate_seeds(rows, eval_data, start, out)
+    n_seeds = max((len(a.runs) for a in rows), default=0)
+    text = write_table(rows, table_path, steps=max(steps, default=0), seeds=n_seeds, wall_s=None)
     if missing:
         note = "; ".join(f"{n}: seeds {', '.join(s)}" for n, s in missing.items())
-        text += f"\nUnfinished runs, left out of the means: {note}.\n"
+        text += f"\nUnfinished runs, left out: {note}.\n"
         table_path.write_text(text)
     return text
 
 
-def _num_steps(config_yaml: Path) -> int | None:
+def _config_value(config_yaml: Path, key: str) -> str | None:
+    """A top-level scalar of a run's resolved config.yaml."""
     for line in config_yaml.read_text().splitlines():
-        if line.startswith("num_steps:"):
-            return int(line.split(":", 1)[1])
+        if line.startswith(f"{key}:"):
+            return line.split(":", 1)[1].strip().strip("'\"")
     return None

@@ -1,0 +1,81 @@
+"""The ablation table's registered directions: the runner's `PREDICTED` is the table of
+docs/ablation_predictions.md (written before the runs), and a direction is judged on its own metric
+with the interval's sign, paired by seed."""
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from scripts.demo_lib.ablations import BASELINE, PREDICTED, Ablation, verdicts, write_table
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "ablation_predictions.md"
+# how the registered page names each metric of reward/bank_metrics.py
+DOC_METRIC = {
+    "false_memory_resistance": "false-memory resistance",
+    "bank_records": "records per bank",
+    "memory_recall": "memory recall",
+}
+
+
+def _doc_rows() -> dict[str, tuple[str, str]]:
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"\| `(\w+)`[^|]*\|[^|]*\|([^|]*)\|([^|]*)\|", line)
+        if m:
+            rows[m.group(1)] = (m.group(2).strip(), m.group(3).strip())
+    return rows
+
+
+def test_predicted_is_the_registered_table():
+    rows = _doc_rows()
+    assert set(PREDICTED) == {n for n, (_, sign) in rows.items() if sign != "not run"}
+    for name, p in PREDICTED.items():
+        metric, sign = rows[name]
+        if p.identical:
+            assert metric == "every metric" and "identical by construction" in sign, name
+            continue
+        assert metric.startswith(DOC_METRIC[p.metric]), (name, metric)
+        if sign.startswith("baseline - control > 0"):  # format_only states it from the other side
+            want = "-"
+        else:
+            want = {"<": "-", ">": "+", "0": "0"}[sign[0]]
+        assert p.sign == want, (name, sign)
+
+
+def _arm(name: str, values: list[dict[str, float]], paired: bool = True) -> Ablation:
+    return Ablation(name, "k", [], metrics=dict(enumerate(values)), paired=paired)
+
+
+def _m(fmr: float, recall: float = 0.1) -> dict[str, float]:
+    return {
+        "false_memory_resistance": fmr,
+        "memory_recall": recall,
+        "bank_records": 5.0,
+        "op_invalid": 0.1,
+        "unparsed_share": 0.0,
+    }
+
+
+def test_verdicts_pair_by_seed_and_judge_the_registered_sign(tmp_path):
+    # a consistent -0.1 on false-memory resistance under seed-to-seed spread of 0.3: paired it separates
+    base = _arm(BASELINE, [_m(0.5), _m(0.8), _m(0.2)])
+    no_traps = _arm("no_traps", [_m(0.4), _m(0.71), _m(0.09)])
+    unpaired = _arm("window_level_grpo", [_m(0.4), _m(0.71), _m(0.09)], paired=False)
+    same = _arm("binary_reward", [_m(0.5), _m(0.8), _m(0.2)])
+    off = _arm("one_vote_loss", [_m(0.5), _m(0.8), _m(0.2, recall=0.11)])
+    v = {x.name: x for x in verdicts([base, no_traps, unpaired, same, off])}
+    assert v["no_traps"].diff == pytest.approx(-0.1)
+    assert v["no_traps"].observed == "-" and v["no_traps"].held == "yes"
+    # the same numbers unpaired (Welch) cannot separate: the spread between seeds swamps them
+    assert v["window_level_grpo"].observed == "0" and v["window_level_grpo"].held == "no"
+    assert v["binary_reward"].observed == "identical" and v["binary_reward"].held == "yes"
+    # identical by construction fails on any metric that differs, not only its own
+    assert v["one_vote_loss"].held == "no"
+    text = write_table([base, no_traps, same], tmp_path / "t.md", steps=24, seeds=3, wall_s=60.0)
+    row = next(r for r in text.splitlines() if r.startswith("| no_traps | false_memory_resistance"))
+    assert "| 3 | - | - | yes |" in row
+    # one seed: no interval, so no verdict either way
+    one = verdicts([_arm(BASELINE, [_m(0.5)]), _arm("no_traps", [_m(0.2)])])
+    assert math.isnan(one[0].half) and one[0].held == "n/a"

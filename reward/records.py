@@ -67,6 +67,9 @@ class RolloutGroup:
     rollouts: list[RolloutRecord]  # normally 8 (report)
     probes: list[Probe]  # PRM probes and traps of the window's chunks
     questions: list[OrmQuestion]  # ORM questions asked after the window
+    # the closed parent bank every rollout forked (None: an empty bank); counterfactual ORM reads it to
+    # see what the window's first chunk wrote
+    parent_bank_dir: str | None = None
 
     @property
     def window_id(self) -> str:

@@ -21,11 +21,14 @@ from reward.terms import (
     is_fault,
     orm_attributed,
     orm_broadcast,
+    orm_counterfactual,
     prm,
 )
 
 ROLLOUT_STATUSES = ("ok", "policy_error", "platform_error")
-ORM_MODES = ("attributed", "broadcast")
+# "counterfactual" (beyond the report): a chunk is credited with the ORM answers its writes change
+# (reward/counterfactual.py)
+ORM_MODES = ("attributed", "broadcast", "counterfactual")
 # "format_only" (a control, beyond the report): s[t] = 1 when chunk t's write was well-formed, 0 when it was
 # malformed policy output; probes, ORM and the growth penalty are not looked at
 SCORE_MODES = ("rubric", "binary", "format_only")
@@ -52,6 +55,9 @@ M_EXCL_CELLS = "reward/excluded_cell_share"  # invalid (rollout, chunk) cells / 
 # valid cells whose advantage is exactly 0 (their chunk column scored alike, or had < 2 valid votes):
 # cells that teach the policy nothing. Near 1 means GRPO has no signal, whatever the reward's level.
 M_ZERO_ADV = "reward/zero_advantage_share"
+# share of the ORM credit (sum of |orm[t]| over valid cells) on chunks that introduced none of the window's
+# gold facts: 0 by construction under attributed ORM; where broadcast and counterfactual credit differs
+M_ORM_OFF_SOURCE = "reward/orm_credit_off_source_share"
 
 
 @dataclass
@@ -74,7 +80,7 @@ class ScoringConfig:
     gamma: float = 0.0  # discount of future prm[k>t] in s[t]; 0 = only this chunk's probes
     eps: float = 1e-6  # added to the std in the advantage denominator
     advantage_level: str = "chunk"  # "chunk" (report) | "window" (ablation: trajectory-level GRPO)
-    orm_mode: str = "attributed"  # "attributed" (report) | "broadcast" (ablation)
+    orm_mode: str = "attributed"  # "attributed" (report) | "broadcast" (ablation) | "counterfactual"
     use_traps: bool = True  # False = ablation "probes only": trap probes are neither run nor scored
     use_growth_penalty: bool = True  # False = ablation "no growth penalty" (pen[t] = 0)
     # "rubric" (report) | "binary" (ablation: scores thresholded to 0/1) | "format_only" (control: only
@@ -134,6 +140,8 @@ class JudgedRollout:
     size_tokens_C: list[int | None]  # bank size in tokens after each chunk; None = unknown (platform fault)
     # per chunk: its write was malformed policy output (chunk status policy_error); [] = none was
     policy_error_C: list[bool] = field(default_factory=list)
+    # orm_mode=counterfactual: per chunk, recovered_QF read with that chunk's writes left out
+    recovered_CQF: list[list[list[bool] | None]] | None = None
 
 
 @dataclass
@@ -197,6 +205,17 @@ def score_group(
                     trap_verdicts += [z >= cfg.trap_pass_threshold for z in r.trap_z_CP[t] if not is_fault(z)]
         if cfg.orm_mode == "attributed":
             orm_C, orm_ok = orm_attributed(r.recovered_QF, source_pos_QF, C, binary_threshold=binthr)
+        elif cfg.orm_mode == "counterfactual":
+            if r.recovered_CQF is None and failed:
+                orm_C, orm_ok = [0.0] * C, [False] * C  # nothing was read: excluded below anyway
+            elif r.recovered_CQF is None:
+                raise ValueError(
+                    f"score_group: rollout {i} has no leave-out readings (orm_mode=counterfactual)"
+                )
+            else:
+                orm_C, orm_ok = orm_counterfactual(
+                    r.recovered_QF, r.recovered_CQF, C, binary_threshold=binthr
+                )
         else:
             orm_C, orm_ok = orm_broadcast(r.recovered_QF, C, binary_threshold=binthr)
         if cfg.malformed_score == "floor":
@@ -241,6 +260,9 @@ def score_group(
     adv_GC = grpo_advantages(s_GC, valid_GC, level=cfg.advantage_level, eps=cfg.eps)
     cells = [(i, t) for i in range(len(rollouts)) for t in range(C) if valid_GC[i][t]]
     n_failed = sum(r.status == "platform_error" for r in rollouts)
+    sources = {p for src_F in source_pos_QF for p in src_F if p is not None}
+    credit = sum(abs(orm_GC[i][t]) for i, t in cells)
+    off = sum(abs(orm_GC[i][t]) for i, t in cells if t not in sources)
     metrics = {
         M_PRM: _mean([prm_GC[i][t] for i, t in cells]),
         M_ORM: _mean([orm_GC[i][t] for i, t in cells]),
@@ -252,5 +274,6 @@ def score_group(
         M_EXCL_ROLLOUTS: n_failed / len(rollouts),
         M_EXCL_CELLS: 1.0 - len(cells) / (len(rollouts) * C) if C else 0.0,
         M_ZERO_ADV: _mean([float(adv_GC[i][t] == 0.0) for i, t in cells]) if cells else 1.0,
+        M_ORM_OFF_SOURCE: off / credit if credit else 0.0,
     }
     return GroupScores(prm_GC, orm_GC, pen_GC, s_GC, valid_GC, adv_GC, metrics)

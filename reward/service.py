@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import ray
 from ray.util import ActorPool
 
 from reward.config import RewardConfig
+from reward.counterfactual import chunk_writes, left_out, same_view
 from reward.judge import ExactMatchScorer, LlmJudge, OrmVerdict, ProbeItem, QuestionItem, Reader
 from reward.llm import ChatClient, Fault
 from reward.records import RolloutGroup, RolloutRecord, gold_fact_positions, probe_position, validate_group
@@ -49,6 +51,10 @@ M_RETRIES = "reward/llm_retries"  # reader + judge retries, sum over groups
 M_READER_FAULTS = "reward/reader_faults"  # items excluded because the reader failed, sum
 M_JUDGE_FAULTS = "reward/judge_faults"  # items excluded because the judge failed, sum
 M_BANK_FAULTS = "reward/bank_faults"  # items excluded because the bank could not be opened / searched, sum
+# orm_mode=counterfactual: reader calls on leave-out views (included in M_READER_CALLS) and the time the
+# leave-out readings took (bank reads, deeper search, their reader and judge calls), sums over groups
+M_CF_READER_CALLS = "reward/counterfactual_reader_calls"
+M_CF_SECONDS = "reward/counterfactual_seconds"
 
 HarnessFactory = Callable[[], Any]  # () -> harnesses.base.Harness, picklable (it is shipped to actors)
 
@@ -112,6 +118,25 @@ class BankSearcher:
             h.close()  # releases the bank lock; the snapshot stays as it was
         return out
 
+    def read_all(self, bank_dir: str, where: str, stats: Counter) -> list[Any] | Fault:
+        """Every entry of a closed bank (read-side); a bank that cannot be read is a Fault."""
+        if self._harness is None:
+            self._harness = self.harness_factory()
+        h = self._harness
+        try:
+            h.open(bank_dir)
+        except Exception as e:
+            stats["bank_faults"] += 1
+            self.shutdown()
+            return Fault("bank", f"{where}: open {bank_dir}: {e}", 1)
+        try:
+            return list(h.read_all())
+        except Exception as e:
+            stats["bank_faults"] += 1
+            return Fault("bank", f"{where}: read {bank_dir}: {e}", 1)
+        finally:
+            h.close()
+
     def shutdown(self) -> None:
         if self._harness is not None:
             try:
@@ -134,11 +159,14 @@ def judge_rollout(
     use_traps: bool,
     rollout_index: int,
     skip_malformed: bool = False,
+    counterfactual: bool = False,
 ) -> tuple[JudgedRollout, dict[str, int]]:
     """Search, read and judge every probe and question of one rollout (no Ray; the actor calls this).
 
     `skip_malformed` (scoring.malformed_score=floor): the probes of a policy_error chunk are not
-    searched, read or judged; its prm is fixed at 0 whatever they would say (silent failure malformed-as-platform-error)."""
+    searched, read or judged; its prm is fixed at 0 whatever they would say (silent failure malformed-as-platform-error).
+    `counterfactual` (scoring.orm_mode=counterfactual): the ORM questions are also read once per chunk
+    with that chunk's writes left out of the final bank's results (reward/counterfactual.py)."""
     w = group.window
     C = len(w.chunk_indices)
     status = record.effective_status
@@ -171,9 +199,36 @@ def judge_rollout(
         )
         for j, r in zip(probes_by_t[t], got, strict=True):
             results[j] = r
+    t_cf = time.perf_counter()
+    views: dict[tuple[int, int], list[Any]] = {}  # (chunk, question) -> leave-out view that differs
+    cf_bad: set[int] = set()  # chunks whose leave-out could not be computed (a bank read faulted)
+    depth = search_k
+    if counterfactual:
+        banks = [group.parent_bank_dir, *(c.bank_dir for c in record.chunks)]
+        seen = [searcher.read_all(b, tag, stats) if b else [] for b in banks]
+        writes_C, after_C = [], []
+        for t in range(C):
+            if isinstance(seen[t], Fault) or isinstance(seen[t + 1], Fault):
+                cf_bad.add(t)
+                writes_C.append({})
+                after_C.append({})
+                continue
+            writes_C.append(chunk_writes(seen[t], seen[t + 1]))
+            after_C.append({e.id: e.text for e in seen[t + 1]})
+        depth = search_k + max((len(w) for w in writes_C), default=0)  # k left after any one leave-out
     q_results = searcher.search_all(
-        record.final_bank_dir, [q.question for q in group.questions], search_k, tag, stats
+        record.final_bank_dir, [q.question for q in group.questions], depth, tag, stats
     )
+    if counterfactual:
+        for j, r in enumerate(q_results):
+            if isinstance(r, Fault):
+                continue
+            q_results[j] = r[:search_k]
+            for t in range(C):
+                v = left_out(r, writes_C[t], after_C[t], search_k)
+                if t not in cf_bad and not same_view(v, q_results[j]):
+                    views[(t, j)] = v
+    t_cf = time.perf_counter() - t_cf if counterfactual else 0.0
 
     # 2. one batched reader round (gold facts, references and rubrics never reach it)
     items = [(f"probe {p.probe_id} / {tag}", p.question, r) for p, r in zip(probes, results, strict=True)]
@@ -181,12 +236,26 @@ def judge_rollout(
         (f"question {q.question_id} / {tag}", q.question, r)
         for q, r in zip(group.questions, q_results, strict=True)
     ]
+    n_plain = len(items)
+    cf_keys = sorted(views)
+    items += [
+        (
+            f"question {group.questions[j].question_id} without chunk {t} / {tag}",
+            group.questions[j].question,
+            views[(t, j)],
+        )
+        for t, j in cf_keys
+    ]
     todo = [k for k, it in enumerate(items) if not isinstance(it[2], Fault)]
     answers: list[str | Fault] = [it[2] if isinstance(it[2], Fault) else "" for it in items]
+    t_read = time.perf_counter()
     for k, a in zip(todo, reader.answer_all([items[k] for k in todo]), strict=True):
         answers[k] = a
         stats["reader_faults"] += isinstance(a, Fault)
-    p_ans, q_ans = answers[: len(probes)], answers[len(probes) :]
+    # the leave-out items' share of the batched round's time
+    t_cf += (time.perf_counter() - t_read) * len(cf_keys) / max(1, len(todo))
+    p_ans, q_ans = answers[: len(probes)], answers[len(probes) : n_plain]
+    cf_ans = answers[n_plain:]
 
     # 3. one batched judge round per item type
     p_todo = [j for j, a in enumerate(p_ans) if not isinstance(a, Fault)]
@@ -216,6 +285,30 @@ def judge_rollout(
     for j, v in zip(q_todo, judge.score_questions(q_items), strict=True):
         recovered[j] = v.recovered_F if isinstance(v, OrmVerdict) else None
         stats["judge_faults"] += isinstance(v, Fault)
+    recovered_CQF = None
+    if counterfactual:
+        t_judge = time.perf_counter()
+        # a chunk whose leave-out reads like the full bank has the full bank's verdicts
+        recovered_CQF = [
+            [None if t in cf_bad else recovered[j] for j in range(len(group.questions))] for t in range(C)
+        ]
+        cf_todo = [n for n, a in enumerate(cf_ans) if not isinstance(a, Fault)]
+        for t, j in cf_keys:
+            recovered_CQF[t][j] = None  # read again below; stays None (faulted) if the reader failed
+        cf_items = []
+        for n in cf_todo:
+            t, j = cf_keys[n]
+            q = group.questions[j]
+            facts = [g.fact for g in q.gold_facts]
+            answers_F = [g.answer for g in q.gold_facts]
+            name = items[n_plain + n][0]
+            cf_items.append(QuestionItem(name, q.question, q.answer, facts, q.rubric, cf_ans[n], answers_F))  # type: ignore[arg-type]
+        for n, v in zip(cf_todo, judge.score_questions(cf_items), strict=True):
+            t, j = cf_keys[n]
+            recovered_CQF[t][j] = v.recovered_F if isinstance(v, OrmVerdict) else None
+            stats["judge_faults"] += isinstance(v, Fault)
+        stats["counterfactual_reader_calls"] = len(cf_keys)
+        stats["counterfactual_ms"] = round(1000 * (t_cf + time.perf_counter() - t_judge))
 
     recall_z_CR: list[list[float]] = [[] for _ in range(C)]
     trap_z_CP: list[list[float]] = [[] for _ in range(C)]
@@ -230,6 +323,7 @@ def judge_rollout(
         size_before_tokens=group.parent_size_tokens,
         size_tokens_C=[c.size_tokens if c.status != "platform_error" else None for c in record.chunks],
         policy_error_C=[c.status == "policy_error" for c in record.chunks],
+        recovered_CQF=recovered_CQF,
     )
     reader_d, judge_d = reader.stats - reader0, judge.stats - judge0
     stats["reader_calls"] = reader_d["calls"]
@@ -273,6 +367,7 @@ class RewardWorker:
             use_traps=sc.use_traps,
             rollout_index=rollout_index,
             skip_malformed=sc.malformed_score == "floor",
+            counterfactual=sc.orm_mode == "counterfactual",
         )
 
     def shutdown(self) -> None:
@@ -297,6 +392,8 @@ def finish_group(
             M_READER_FAULTS: float(total["reader_faults"]),
             M_JUDGE_FAULTS: float(total["judge_faults"]),
             M_BANK_FAULTS: float(total["bank_faults"]),
+            M_CF_READER_CALLS: float(total["counterfactual_reader_calls"]),
+            M_CF_SECONDS: total["counterfactual_ms"] / 1000.0,
             **{name: float(total[k]) for k, name in M_TOKENS.items()},
         }
     )

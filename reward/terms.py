@@ -107,6 +107,44 @@ def orm_broadcast(
     return [v] * num_chunks, [True] * num_chunks
 
 
+def orm_counterfactual(
+    recovered_QF: Sequence[Sequence[bool] | None],
+    recovered_CQF: Sequence[Sequence[Sequence[bool] | None]],
+    num_chunks: int,
+    *,
+    binary_threshold: float | None = None,
+) -> tuple[list[float], list[bool]]:
+    """Counterfactual ORM (reward/counterfactual.py): orm[t] = mean over the window's questions of
+    (share of q's gold facts recovered from the final bank) - (the same share with chunk t's writes
+    left out). Negative where chunk t's writes cost answers. A question faulted in either reading is
+    left out of that chunk's mean; no questions -> 0, valid; all faulted -> invalid."""
+    if len(recovered_CQF) != num_chunks:
+        raise ValueError(
+            f"orm_counterfactual: {len(recovered_CQF)} leave-out readings for {num_chunks} chunks"
+        )
+
+    def share(rec_F: Sequence[bool]) -> float:
+        if not rec_F:
+            raise ValueError("orm_counterfactual: a question with no gold facts cannot be scored")
+        c = sum(bool(r) for r in rec_F) / len(rec_F)
+        return binarize(c, binary_threshold) if binary_threshold is not None else c
+
+    orm_C, valid_C = [], []
+    for t, without_QF in enumerate(recovered_CQF):
+        if len(without_QF) != len(recovered_QF):
+            raise ValueError(
+                f"orm_counterfactual: chunk {t} has {len(without_QF)} answers, want {len(recovered_QF)}"
+            )
+        d = [
+            share(f) - share(w)
+            for f, w in zip(recovered_QF, without_QF, strict=True)
+            if f is not None and w is not None
+        ]
+        orm_C.append(sum(d) / len(d) if d else 0.0)
+        valid_C.append(bool(d) or not recovered_QF)
+    return orm_C, valid_C
+
+
 def growth_ratio(size_before: int, size_after: int, floor_tokens: int) -> float:
     """g_t = B_t / max(B_{t-1}, floor): the bank's token growth ratio over chunk t.
 

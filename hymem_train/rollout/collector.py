@@ -29,6 +29,7 @@ class WindowRollouts:
     scheduled: ScheduledWindow  # the window, its harness and its sequence's epoch
     parent_size: int  # the parent bank's size in tokens (0 for an empty bank)
     results: list[RolloutResult]  # in rollout-index order (row i of the reward's *_GC tables)
+    parent_bank: str | None = None  # the closed parent bank the rollouts forked (None: empty)
 
     @property
     def window(self) -> Any:
@@ -47,7 +48,9 @@ class WindowRollouts:
         """What the reward service scores: the rollouts with the window's probes and ORM questions."""
         w, ds = self.window, dataset.of(self.harness)  # the harness's own dataset (data.per_harness)
         records = [r.record for r in self.results]
-        return RolloutGroup(w, self.harness, self.parent_size, records, ds.probes_of(w), ds.questions_of(w))
+        return RolloutGroup(
+            w, self.harness, self.parent_size, records, ds.probes_of(w), ds.questions_of(w), self.parent_bank
+        )
 
 
 def sum_rollout_metrics(groups: list[WindowRollouts]) -> dict[str, float]:
@@ -80,11 +83,12 @@ class RolloutCollector:
 
     def collect(self, windows: list[ScheduledWindow], num_rollouts: int, step: int) -> list[WindowRollouts]:
         """G rollouts per window, each from its own fork of the window's verified parent bank."""
-        parents, tasks = [], []
+        parents, banks, tasks = [], [], []
         for sw in windows:
             w, lid = sw.window, sw.lineage_id  # lineage id: names the harness under data.per_harness
             parent = self.lineage.parent(lid, sw.epoch, w.index)  # verified (silent failure bank-not-carried)
             parents.append(self.lineage.parent_size_tokens(lid, sw.epoch, w.index))
+            banks.append(parent)
             chunks = self.dataset.of(sw.harness).chunks_of(w)
             scope = sw.harness if sw.per_harness else ""
             for i in range(num_rollouts):
@@ -97,7 +101,7 @@ class RolloutCollector:
                     / f"r{i}"
                 )
                 tasks.append(RolloutTask(w, chunks, i, sw.harness, parent, str(out), step, scope))
-        return self._grouped(windows, parents, self._run(tasks), num_rollouts)
+        return self._grouped(windows, parents, self._run(tasks), num_rollouts, banks)
 
     def collect_heldout(
         self, dataset: Any, harness: str, num_rollouts: int, step: int
@@ -138,13 +142,15 @@ class RolloutCollector:
         parent_sizes: list[int],
         results: list[RolloutResult],
         num_rollouts: int,
+        parent_banks: list[str | None] | None = None,
     ) -> list[WindowRollouts]:
         if len(results) != len(windows) * num_rollouts:
             raise RuntimeError(
                 f"rollout pool returned {len(results)} results for {len(windows)} x {num_rollouts} tasks"
             )
         it = iter(results)
+        banks = parent_banks or [None] * len(windows)
         return [
-            WindowRollouts(sw, size, [next(it) for _ in range(num_rollouts)])
-            for sw, size in zip(windows, parent_sizes, strict=True)
+            WindowRollouts(sw, size, [next(it) for _ in range(num_rollouts)], bank)
+            for sw, size, bank in zip(windows, parent_sizes, banks, strict=True)
         ]

@@ -68,12 +68,22 @@ PREDICTED = {
     "one_vote_loss": Prediction(
         "false_memory_resistance", "0", "one LLM call per chunk: a chunk is a segment", identical=True
     ),
+    "counterfactual_orm": Prediction(
+        "history_kept", "0", "credit reaches the overwriting chunk, but no writer keeps a history"
+    ),
     "format_only": Prediction(
         "false_memory_resistance", "-", "well-formedness does not tell small talk from facts"
     ),
 }
 # shown for every arm beside its own metric: what each knob could move
-CONTEXT_METRICS = ("memory_recall", "false_memory_resistance", "op_invalid", "bank_records", "unparsed_share")
+CONTEXT_METRICS = (
+    "memory_recall",
+    "false_memory_resistance",
+    "history_kept",
+    "op_invalid",
+    "bank_records",
+    "unparsed_share",
+)
 
 
 @dataclass

@@ -16,6 +16,7 @@ DOC_METRIC = {
     "false_memory_resistance": "false-memory resistance",
     "bank_records": "records per bank",
     "memory_recall": "memory recall",
+    "history_kept": "history kept",
 }
 
 
@@ -55,6 +56,7 @@ def _m(fmr: float, recall: float = 0.1) -> dict[str, float]:
         "bank_records": 5.0,
         "op_invalid": 0.1,
         "unparsed_share": 0.0,
+        "history_kept": 0.0,
     }
 
 

@@ -125,6 +125,7 @@ def test_required_values_are_named():
 ABLATION_KNOBS = {
     "window_level_grpo": "reward.scoring.advantage_level",
     "broadcast_orm": "reward.scoring.orm_mode",
+    "counterfactual_orm": "reward.scoring.orm_mode",  # beyond the report: leave-one-chunk-out credit
     "no_traps": "reward.scoring.use_traps",
     "no_growth_penalty": "reward.scoring.use_growth_penalty",
     "binary_reward": "reward.scoring.score_mode",

@@ -33,6 +33,8 @@ POLICIES = {
     "facts": [["Ana works at a bakery"], ["Ana has a dog named Rex"]],
     "chitchat": [["Ana ate pancakes for breakfast today"], ["Ana said the weather is nice"]],
     "nothing": [[], []],
+    # the bakery fact again in chunk 1: a leave-out of chunk 0 alone loses nothing (counterfactual ORM)
+    "restated": [["Ana works at a bakery"], ["Ana works at a bakery", "Ana has a dog named Rex"]],
 }
 
 

@@ -70,6 +70,7 @@ def run_local(group, reader_srv, judge_srv, cfg=None, judge=None, **judge_kw):
             use_traps=cfg.use_traps,
             rollout_index=i,
             skip_malformed=cfg.malformed_score == "floor",
+            counterfactual=cfg.orm_mode == "counterfactual",
         )
         judged.append(j)
         stats.append(s)
@@ -299,3 +300,25 @@ def test_best_rollout_ties_go_to_the_lowest_index_and_invalid_rollouts_never_com
     assert best_rollout(s[1:], v[1:]) == 0  # (old rollouts 1 and 3 tie: the first of them)
     assert best_rollout([[0.1], [0.2]], [[True], [True]]) == 1
     assert best_rollout([[1.0]], [[False]]) is None
+
+
+def test_counterfactual_orm_credits_the_answers_a_chunk_changes(tmp_path, endpoints):
+    """orm[t] = share recovered from the final bank - share with chunk t's writes left out. Where the
+    bakery fact is stored twice, leaving chunk 0 out loses nothing: attributed ORM credits chunk 0 (the
+    fact's source) in full, counterfactual ORM not at all."""
+    from reward.scoring import M_ORM_OFF_SOURCE
+    from reward.service import M_CF_READER_CALLS, M_READER_CALLS
+
+    reader_srv, judge_srv = endpoints
+    g = H.build_group(tmp_path, ["facts", "restated", "chitchat", "nothing"])
+    att = run_local(g, reader_srv, judge_srv)
+    assert att.scores.orm_GC == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert att.metrics[M_ORM_OFF_SOURCE] == 0.0 and att.metrics[M_CF_READER_CALLS] == 0
+    cf = run_local(g, reader_srv, judge_srv, cfg=H.scoring_config(orm_mode="counterfactual"))
+    # facts: either chunk left out loses one of two facts; restated: chunk 0's copy is redundant;
+    # chitchat changes the reader's view but no answer; nothing wrote nothing (and costs no call)
+    assert cf.scores.orm_GC == [[0.5, 0.5], [0.0, 0.5], [0.0, 0.0], [0.0, 0.0]]
+    # one question, re-read per chunk whose leave-out view differs: 2 + 2 + 2 + 0
+    assert cf.metrics[M_CF_READER_CALLS] == 6
+    assert cf.metrics[M_READER_CALLS] == att.metrics[M_READER_CALLS] + 6
+    assert cf.scores.prm_GC == att.scores.prm_GC  # only the ORM term reads the leave-outs

@@ -122,3 +122,40 @@ def test_growth_penalty_by_hand():
     assert growth_penalty(1.3, 1.1, 1.5) == pytest.approx(0.18242552380635635)
     with pytest.raises(ValueError, match="upper > lower"):
         growth_penalty(1.0, 2.0, 2.0)
+
+
+def test_orm_counterfactual_by_hand():
+    from reward.terms import orm_counterfactual
+
+    full = [[True, True], [True, False]]  # q0: 2/2 recovered, q1: 1/2
+    without = [
+        [[False, True], [True, False]],  # chunk 0 left out: q0 drops to 1/2, q1 unchanged
+        [[True, True], [True, True]],  # chunk 1 left out: q1 rises to 2/2 (its write cost an answer)
+        [None, [False, False]],  # chunk 2: q0 faulted (left out), q1 drops to 0
+    ]
+    orm_C, ok_C = orm_counterfactual(full, without, 3)
+    assert orm_C == pytest.approx([0.25, -0.25, 0.5]) and ok_C == [True, True, True]
+    orm_C, ok_C = orm_counterfactual(full, [[None, None]], 1)
+    assert orm_C == [0.0] and ok_C == [False]  # every question faulted: no information, invalid
+    assert orm_counterfactual([], [[]], 1) == ([0.0], [True])  # no questions: 0, valid
+    orm_C, _ = orm_counterfactual(full, without[:1], 1, binary_threshold=0.75)
+    assert orm_C == [0.5]  # binary: q0 1 -> 0, q1 0 -> 0
+    with pytest.raises(ValueError, match="2 leave-out readings for 3 chunks"):
+        orm_counterfactual(full, without[:2], 3)
+
+
+def test_leave_out_drops_added_reverts_updated_keeps_superseded():
+    from harnesses.base import MemoryEntry as E
+    from reward.counterfactual import ADDED, chunk_writes, left_out
+
+    before = [E("1", "job: baker"), E("2", "city: Oslo")]
+    after = [E("1", "job: chef"), E("2", "city: Oslo"), E("3", "dog: Rex")]
+    writes = chunk_writes(before, after)
+    assert writes == {"1": "job: baker", "3": ADDED}
+    after_text = {e.id: e.text for e in after}
+    final = [E("3", "dog: Rex"), E("1", "job: chef"), E("2", "city: Oslo")]
+    view = left_out(final, writes, after_text, k=2)
+    assert [(e.id, e.text) for e in view] == [("1", "job: baker"), ("2", "city: Oslo")]
+    # a later chunk changed record 1 again: chunk t's update no longer stands, nothing to undo
+    final = [E("1", "job: pilot"), E("2", "city: Oslo")]
+    assert [e.text for e in left_out(final, writes, after_text, k=2)] == ["job: pilot", "city: Oslo"]

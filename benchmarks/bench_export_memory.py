@@ -19,9 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-OVERRIDES = dict(num_hidden_layers=8, hidden_size=512, num_experts=32, num_experts_per_tok=2,
-                 moe_intermediate_size=384, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                 mlp_layer_types=["sparse"] * 8)  # fmt: skip
+OVERRIDES = dict(
+    num_hidden_layers=8,
+    hidden_size=512,
+    num_experts=32,
+    num_experts_per_tok=2,
+    moe_intermediate_size=384,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    mlp_layer_types=["sparse"] * 8,
+)
 
 
 def _config():
@@ -66,20 +74,34 @@ def export(out: Path) -> None:
     t0 = time.perf_counter()
     w = DeepSpeedWeights(out / "checkpoints" / "step_0")
     order = [n for n, _, _ in skeleton_entries(cfg)]
-    write_hf_dir(w.iter_tensors(order), cfg, out / "hf", dtype=torch.bfloat16, tokenizer=default_tokenizer(),
-                 card=CardInfo(step=0), max_shard_bytes=100 * 10**6)  # fmt: skip
+    write_hf_dir(
+        w.iter_tensors(order),
+        cfg,
+        out / "hf",
+        dtype=torch.bfloat16,
+        tokenizer=default_tokenizer(),
+        card=CardInfo(step=0),
+        max_shard_bytes=100 * 10**6,
+    )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     after = _status()  # the mapped partitions are still referenced by `w` here
     res = {
-        "params": n_params, "bf16_bytes": 2 * n_params, "fp32_bytes": 4 * n_params,
-        "rss_before_export": base, "rss_peak": peak, "export_rss_increase": peak - base,
+        "params": n_params,
+        "bf16_bytes": 2 * n_params,
+        "fp32_bytes": 4 * n_params,
+        "rss_before_export": base,
+        "rss_peak": peak,
+        "export_rss_increase": peak - base,
         "increase_over_bf16_model": (peak - base) / (2 * n_params),
         "increase_over_fp32_model": (peak - base) / (4 * n_params),
-        "peak_over_bf16_model": peak / (2 * n_params), "seconds": time.perf_counter() - t0,
-        "rss_anon_before": before.get("RssAnon"), "rss_anon_after": after.get("RssAnon"),
-        "rss_file_before": before.get("RssFile"), "rss_file_after": after.get("RssFile"),
+        "peak_over_bf16_model": peak / (2 * n_params),
+        "seconds": time.perf_counter() - t0,
+        "rss_anon_before": before.get("RssAnon"),
+        "rss_anon_after": after.get("RssAnon"),
+        "rss_file_before": before.get("RssFile"),
+        "rss_file_after": after.get("RssFile"),
         "shards": len(list((out / "hf").glob("*.safetensors"))),
-    }  # fmt: skip
+    }
     print(json.dumps(res, indent=1))
 
 

@@ -56,10 +56,22 @@ def measure(gw, args) -> dict:
             gw.set_chunk(f"t{i}", 0)
         n0 = len(gw.batcher.batch_sizes)
         out = subprocess.run(
-            [sys.executable, __file__, "--url", srv.base_url, "--creds", ",".join(creds), "--clients",
-             str(args.clients), "--max-tokens", str(args.max_tokens)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--url",
+                srv.base_url,
+                "--creds",
+                ",".join(creds),
+                "--clients",
+                str(args.clients),
+                "--max-tokens",
+                str(args.max_tokens),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         sizes = gw.batcher.batch_sizes[n0 + 1 + args.requests :]  # the concurrent phase
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "sizes": sizes}
 
@@ -94,8 +106,10 @@ def main() -> None:
     seq_tps, conc_tps = r["seq_tokens"] / r["seq_s"], r["conc_tokens"] / r["conc_s"]
     print(f"model={args.preset} requests={args.requests} max_tokens={args.max_tokens}")
     print(f"one-at-a-time : {r['seq_tokens']} tokens in {r['seq_s']:.2f}s = {seq_tps:.1f} tok/s")
-    print(f"{args.clients} concurrent  : {r['conc_tokens']} tokens in {r['conc_s']:.2f}s = {conc_tps:.1f} tok/s "
-          f"(mean batch {sum(sizes) / max(len(sizes), 1):.1f})")  # fmt: skip
+    print(
+        f"{args.clients} concurrent  : {r['conc_tokens']} tokens in {r['conc_s']:.2f}s = {conc_tps:.1f} tok/s "
+        f"(mean batch {sum(sizes) / max(len(sizes), 1):.1f})"
+    )
     print(f"throughput ratio (concurrent / one-at-a-time): {conc_tps / seq_tps:.2f}x  (aim >= 3x)")
 
 

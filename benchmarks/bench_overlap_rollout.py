@@ -37,12 +37,21 @@ def run_mode(root: Path, out: Path, steps: int, overlap: bool) -> tuple[dict[int
 
     growth, _ = growth_overrides(root / "opd")
     cmd = [
-        sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl",
-        f"data.path={root}/data/prompts/native", f"data.eval_path={root}/data/eval/native",
-        f"init_checkpoint={root}/opd/final", f"reader_model.path={root}/sft/final",
-        f"run.output_dir={out}", f"num_steps={steps}", f"save_every={steps}", "logging.wandb_mode=disabled",
-        f"rl.overlap_rollout={str(overlap).lower()}", *growth,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "hymem_train.rl",
+        "+exp=demo_rl",
+        f"data.path={root}/data/prompts/native",
+        f"data.eval_path={root}/data/eval/native",
+        f"init_checkpoint={root}/opd/final",
+        f"reader_model.path={root}/sft/final",
+        f"run.output_dir={out}",
+        f"num_steps={steps}",
+        f"save_every={steps}",
+        "logging.wandb_mode=disabled",
+        f"rl.overlap_rollout={str(overlap).lower()}",
+        *growth,
+    ]
     if out.exists():
         raise SystemExit(f"{out} exists: remove it or pass another --out (a resumed run would not be timed)")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -86,14 +95,17 @@ def main() -> None:
     print(head + "\n|" + "---|" * (head.count("|") - 1))
     for name, r in res.items():
         print(
-            f"| {name} | {r['wall_s']:.2f} | " + " | ".join(f"{r[p]:.2f}" for p in PHASES)
+            f"| {name} | {r['wall_s']:.2f} | "
+            + " | ".join(f"{r[p]:.2f}" for p in PHASES)
             + f" | {r['hidden_s']:.2f} | {r['lag']:.2f} | {r['eval0']:.3f} | {r['evalN']:.3f} |"
             f" {r['train_reward']:.3f} | {r['total_s']:.0f} |"
-        )  # fmt: skip
+        )
     s, o = res["synchronous"], res["overlapped"]
-    print(f"\nsteps 2..{args.steps - 1}: overlapped is {s['wall_s'] / o['wall_s']:.2f}x faster per step "
-          f"(synchronous {s['wall_s']:.2f} s / overlapped {o['wall_s']:.2f} s); held-out eval/s after "
-          f"{args.steps} steps: synchronous {s['evalN']:.3f}, overlapped {o['evalN']:.3f}")  # fmt: skip
+    print(
+        f"\nsteps 2..{args.steps - 1}: overlapped is {s['wall_s'] / o['wall_s']:.2f}x faster per step "
+        f"(synchronous {s['wall_s']:.2f} s / overlapped {o['wall_s']:.2f} s); held-out eval/s after "
+        f"{args.steps} steps: synchronous {s['evalN']:.3f}, overlapped {o['evalN']:.3f}"
+    )
 
 
 if __name__ == "__main__":

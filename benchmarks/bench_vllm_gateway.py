@@ -54,14 +54,22 @@ def main() -> None:
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "m"
-        write_hf_dir(_live_tensors(model, 2**26), model.config, d, dtype=torch.float32, tokenizer=tok,
-                     card=CardInfo())  # fmt: skip
+        write_hf_dir(
+            _live_tensors(model, 2**26), model.config, d, dtype=torch.float32, tokenizer=tok, card=CardInfo()
+        )
         torch.set_num_threads(1)  # one core for the engine, one for the clients (as bench_gateway.py)
         hf = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, max_model_len=1024, capture_routes=False)
         res["hf"] = serve_and_measure(hf, tok, args)
         for name, async_engine in (("vllm_async", True), ("vllm_offline", False)):
-            vl = VLLMEngine(str(d), [tok.eos_token_id], max_model_len=1024, dtype="float32", capture_routes=False,
-                            enforce_eager=True, async_engine=async_engine)  # fmt: skip
+            vl = VLLMEngine(
+                str(d),
+                [tok.eos_token_id],
+                max_model_len=1024,
+                dtype="float32",
+                capture_routes=False,
+                enforce_eager=True,
+                async_engine=async_engine,
+            )
             try:
                 res[name] = serve_and_measure(vl, tok, args)
             finally:
@@ -73,8 +81,10 @@ def main() -> None:
     for name, r in res.items():
         tps[name] = r["conc_tokens"] / r["conc_s"]
         seq = r["seq_tokens"] / r["seq_s"]
-        print(f"{name:12s}: one-at-a-time {seq:7.1f} tok/s | {args.clients} concurrent {tps[name]:7.1f} tok/s "
-              f"({r['conc_tokens']} tokens in {r['conc_s']:.2f} s, mean engine batch {r['mean_batch']:.1f})")  # fmt: skip
+        print(
+            f"{name:12s}: one-at-a-time {seq:7.1f} tok/s | {args.clients} concurrent {tps[name]:7.1f} tok/s "
+            f"({r['conc_tokens']} tokens in {r['conc_s']:.2f} s, mean engine batch {r['mean_batch']:.1f})"
+        )
     print(f"ratio vLLM async / HF, {args.clients} concurrent clients: {tps['vllm_async'] / tps['hf']:.2f}x")
     print(
         f"ratio vLLM offline / HF, {args.clients} concurrent clients: {tps['vllm_offline'] / tps['hf']:.2f}x"

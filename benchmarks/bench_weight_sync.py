@@ -127,8 +127,10 @@ def main() -> None:
     outs = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
     group_s = statistics.median(group[1:])
     recv_s = statistics.median(s["seconds"] for o in outs for s in o)
-    print(f"preset {args.preset}: {gb:.3f} GB of parameters + buffers, {args.replicas} replica process(es), "
-          f"bucket {args.bucket_mb:g} MiB, median of {args.rounds} syncs after a warm-up")  # fmt: skip
+    print(
+        f"preset {args.preset}: {gb:.3f} GB of parameters + buffers, {args.replicas} replica process(es), "
+        f"bucket {args.bucket_mb:g} MiB, median of {args.rounds} syncs after a warm-up"
+    )
     print("| path | seconds per sync | seconds per GB |")
     print("|---|---|---|")
     print(f"| in-process load_state_dict (baseline) | {base_s:.3f} | {base_s / gb:.2f} |")

@@ -51,8 +51,14 @@ def worker(hf: str, zero_init: bool, out: str) -> None:
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the load keeps, not what malloc still caches
     after = _rss()
     local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
-    rec = {"rank": rank, "anon_added": after["RssAnon"] - before["RssAnon"], "peak_added": peak - before["VmHWM"],
-           "file_after": after["RssFile"], "seconds": seconds, "local_params": local}  # fmt: skip
+    rec = {
+        "rank": rank,
+        "anon_added": after["RssAnon"] - before["RssAnon"],
+        "peak_added": peak - before["VmHWM"],
+        "file_after": after["RssFile"],
+        "seconds": seconds,
+        "local_params": local,
+    }
     Path(f"{out}.{rank}.json").write_text(json.dumps(rec))
     torch.distributed.barrier()
 
@@ -86,13 +92,28 @@ def main() -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     # large blocks from mmap: a freed gather goes back to the OS, so the peak is live tensors, not the
     # heap glibc keeps after freeing them (with its default threshold rank 1's peak read 1.9x higher)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "MALLOC_MMAP_THRESHOLD_": "65536"}  # fmt: skip
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+    }
     recs = {}
     for mode in ("0", "1"):
         tag = str(out / f"mode{mode}")
-        cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(_free_port()), __file__,
-               "--worker", str(hf), mode, tag]  # fmt: skip
+        cmd = [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            __file__,
+            "--worker",
+            str(hf),
+            mode,
+            tag,
+        ]
         subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
         recs[mode] = [json.loads(Path(f"{tag}.{r}.json").read_text()) for r in range(2)]
     print(
@@ -102,13 +123,17 @@ def main() -> None:
     for r in range(2):
         for mode in ("0", "1"):
             x = recs[mode][r]
-            print(f"| {r} | {'on' if mode == '1' else 'off'} | {x['anon_added'] / 2**20:.0f} | "
-                  f"{x['anon_added'] / (4 * n):.2f} | {x['peak_added'] / 2**20:.0f} | {x['peak_added'] / (4 * n):.2f} | "
-                  f"{x['seconds']:.1f} | {x['local_params'] / n:.2f} |")  # fmt: skip
+            print(
+                f"| {r} | {'on' if mode == '1' else 'off'} | {x['anon_added'] / 2**20:.0f} | "
+                f"{x['anon_added'] / (4 * n):.2f} | {x['peak_added'] / 2**20:.0f} | {x['peak_added'] / (4 * n):.2f} | "
+                f"{x['seconds']:.1f} | {x['local_params'] / n:.2f} |"
+            )
     for r in range(2):
         off, on = recs["0"][r], recs["1"][r]
-        print(f"rank {r}: zero_init on / off: kept {on['anon_added'] / off['anon_added']:.2f}x, "
-              f"peak {on['peak_added'] / off['peak_added']:.2f}x")  # fmt: skip
+        print(
+            f"rank {r}: zero_init on / off: kept {on['anon_added'] / off['anon_added']:.2f}x, "
+            f"peak {on['peak_added'] / off['peak_added']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

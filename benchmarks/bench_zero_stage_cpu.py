@@ -35,8 +35,18 @@ def main() -> None:
 
         res = {}
         for stage in (3, 0):
-            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--segments", str(args.segments),
-                   "--preset", args.preset, "--stage", str(stage)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--steps",
+                str(args.steps),
+                "--segments",
+                str(args.segments),
+                "--preset",
+                args.preset,
+                "--stage",
+                str(stage),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             res[stage] = [float(x) for x in out.strip().splitlines()[-1].split()]
         (t3, l3), (t0, l0) = res[3], res[0]
@@ -65,9 +75,13 @@ def main() -> None:
         )
         segments = load_segments(str(path))
     cfg = TrainerConfig(
-        lr=2e-3, zero_stage=args.stage, gradient_checkpointing=False, routing_replay=False,
-        loss=LossConfig(kind="sft"), packing=PackingConfig(num_tokens_per_micro_batch=32768, pad_to_multiple=64),
-    )  # fmt: skip
+        lr=2e-3,
+        zero_stage=args.stage,
+        gradient_checkpointing=False,
+        routing_replay=False,
+        loss=LossConfig(kind="sft"),
+        packing=PackingConfig(num_tokens_per_micro_batch=32768, pad_to_multiple=64),
+    )
     trainer = Trainer(cfg, build_model(make_config(args.preset), seed=0))
     times, loss = [], float("nan")
     for s in range(args.steps):

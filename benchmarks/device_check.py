@@ -53,16 +53,42 @@ GIB = 2**30
 def _sizes(smoke: bool) -> dict:
     if smoke:
         return dict(
-            preset="tiny", fp32_preset="tiny", tokens=192, capacity=128, scale=64, matmul_n=256, warmup=0,
+            preset="tiny",
+            fp32_preset="tiny",
+            tokens=192,
+            capacity=128,
+            scale=64,
+            matmul_n=256,
+            warmup=0,
             experts=["grouped_mm", "sonicmoe"],  # one timed, one that cannot run here (the error path)
-            steps=1, loss_T=256, loss_N=64, loss_H=64, loss_V=1024, loss_iters=1, parity_tokens=128,
-            parity_capacity=128, parity_scale=64,
-        )  # fmt: skip
+            steps=1,
+            loss_T=256,
+            loss_N=64,
+            loss_H=64,
+            loss_V=1024,
+            loss_iters=1,
+            parity_tokens=128,
+            parity_capacity=128,
+            parity_scale=64,
+        )
     return dict(
-        preset="bench_1b_active", fp32_preset="tiny_teacher", tokens=65_536, capacity=16_384, scale=1,
-        matmul_n=8192, warmup=1, steps=2, loss_T=32_768, loss_N=4096, loss_H=2048, loss_V=120_832,
-        loss_iters=3, parity_tokens=8192, parity_capacity=8192, parity_scale=2,
-    )  # fmt: skip
+        preset="bench_1b_active",
+        fp32_preset="tiny_teacher",
+        tokens=65_536,
+        capacity=16_384,
+        scale=1,
+        matmul_n=8192,
+        warmup=1,
+        steps=2,
+        loss_T=32_768,
+        loss_N=4096,
+        loss_H=2048,
+        loss_V=120_832,
+        loss_iters=3,
+        parity_tokens=8192,
+        parity_capacity=8192,
+        parity_scale=2,
+    )
 
 
 def _build(preset: str, device, dtype):
@@ -109,10 +135,17 @@ def train_step(device, dtype, S: dict, state: dict) -> dict:
     limit = torch.cuda.mem_get_info()[0] / 2 if device.type == "cuda" else 2 * GIB
     skip = {"batched_mm": why} if (why := lib.batched_mm_skip_reason(config, row, dtype, limit)) else {}
     results = lib.measure_configs(
-        model, step, mbs, S.get("experts") or lib.available_experts_implementations(), [False, True],
-        S["warmup"], S["steps"],
-        device, log=lambda m: print(m, flush=True), skip=skip,
-    )  # fmt: skip
+        model,
+        step,
+        mbs,
+        S.get("experts") or lib.available_experts_implementations(),
+        [False, True],
+        S["warmup"],
+        S["steps"],
+        device,
+        log=lambda m: print(m, flush=True),
+        skip=skip,
+    )
     peak = max(peak0, lib.matmul_peak(device, dtype, S["matmul_n"]))
     pc = count_params(config)
     rows = []
@@ -121,9 +154,12 @@ def train_step(device, dtype, S: dict, state: dict) -> dict:
         if r.seconds:
             s = r.median
             d.update(
-                step_seconds=s, tokens_per_s=fl.real_tokens / s, flops_per_s=fl.total / s,
-                mfu=fl.total / s / peak, peak_memory_gib=(r.peak_memory_bytes or 0) / GIB or None,
-            )  # fmt: skip
+                step_seconds=s,
+                tokens_per_s=fl.real_tokens / s,
+                flops_per_s=fl.total / s,
+                mfu=fl.total / s / peak,
+                peak_memory_gib=(r.peak_memory_bytes or 0) / GIB or None,
+            )
         rows.append(d)
     ok = [d for d in rows if "mfu" in d]
     state["model"] = model  # sections 3 and 4 reuse it (trained a few steps: any weights will do)
@@ -132,13 +168,17 @@ def train_step(device, dtype, S: dict, state: dict) -> dict:
         "preset": S["preset"],
         "params": {"total": pc.total, "active": pc.active, "active_non_embedding": pc.active_non_embedding},
         "path": "plain torch AdamW on PolicyLoss (no DeepSpeed), PPO + routing replay, chunked head, hymem_segments",
-        "segments": fl.segments, "real_tokens": fl.real_tokens, "row_tokens": fl.row_tokens, "rows": len(mbs),
+        "segments": fl.segments,
+        "real_tokens": fl.real_tokens,
+        "row_tokens": fl.row_tokens,
+        "rows": len(mbs),
         "loss_positions": fl.loss_positions,
         "model_flops": {"total": fl.total, "dense": fl.dense, "head": fl.head, "attention": fl.attention},
-        "matmul_peak_flops_per_s": peak, "matmul_n": S["matmul_n"],
+        "matmul_peak_flops_per_s": peak,
+        "matmul_n": S["matmul_n"],
         "configs": rows,
         "best_mfu": max((d["mfu"] for d in ok), default=None),
-    }  # fmt: skip
+    }
 
 
 # ---- 2. chunked loss vs naive -------------------------------------------------------------------------
@@ -200,9 +240,11 @@ def chunked_loss(device, dtype, S: dict, state: dict) -> dict:
                 runs = [_loss_case(kind, path, T, N, H, V, device, dtype) for _ in range(1 + S["loss_iters"])]
                 cases[path] = {
                     "seconds_median": statistics.median(r["seconds"] for r in runs[1:]),
-                    "peak_extra_gib": None if runs[-1]["peak_extra_bytes"] is None else runs[-1]["peak_extra_bytes"] / GIB,
+                    "peak_extra_gib": None
+                    if runs[-1]["peak_extra_bytes"] is None
+                    else runs[-1]["peak_extra_bytes"] / GIB,
                     "loss": runs[-1]["loss"],
-                }  # fmt: skip
+                }
             except torch.OutOfMemoryError as e:
                 cases[path] = {"error": f"OutOfMemoryError: {str(e).splitlines()[0][:100]}"}
             finally:
@@ -356,9 +398,14 @@ def _attention_case(model, items, mb, routes, device) -> dict:
     sep = torch.cat(seps)
     d = (packed.float() - sep.float()).abs()
     return {
-        "tokens": n, "segments": len(items), "max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()),
-        "hidden_abs_mean": float(sep.float().abs().mean()), "packed_seconds": t_packed, "separate_seconds": t_sep,
-    }  # fmt: skip
+        "tokens": n,
+        "segments": len(items),
+        "max_abs_diff": float(d.max()),
+        "mean_abs_diff": float(d.mean()),
+        "hidden_abs_mean": float(sep.float().abs().mean()),
+        "packed_seconds": t_packed,
+        "separate_seconds": t_sep,
+    }
 
 
 def segment_attention(device, dtype, S: dict, state: dict) -> dict:
@@ -413,9 +460,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     report: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({platform.machine()})",
-        "torch": torch.__version__, "transformers": transformers.__version__, "cpu_smoke": args.cpu_smoke,
-        "dtype": "bfloat16", "sizes": S, "sections": {},
-    }  # fmt: skip
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_smoke": args.cpu_smoke,
+        "dtype": "bfloat16",
+        "sizes": S,
+        "sections": {},
+    }
     t0 = time.perf_counter()
     state: dict = {}
     for name in args.sections:

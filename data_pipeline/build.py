@@ -237,9 +237,17 @@ def adversarial_trap_probes(items: list[EvalItem]) -> list[Probe]:
         )
         k = int(it.item_id.rsplit("/q", 1)[1])
         out.append(
-            Probe(f"{chunk_id(it.sequence_id, chunk)}/adv{k:03d}", it.sequence_id, chunk,
-                  ProbeKind.SEMANTIC_PRECISION, it.question, NO_SUCH_RECORD, rubric, True)
-        )  # fmt: skip
+            Probe(
+                f"{chunk_id(it.sequence_id, chunk)}/adv{k:03d}",
+                it.sequence_id,
+                chunk,
+                ProbeKind.SEMANTIC_PRECISION,
+                it.question,
+                NO_SUCH_RECORD,
+                rubric,
+                True,
+            )
+        )
     return out
 
 
@@ -288,10 +296,18 @@ def build_profile(
         questions += synth.orm_questions
         eval_items += synth.eval_items
     stats = compute(
-        profile, sequences, chunks, windows, facts, probes, questions, eval_items,
-        num_annotation_calls=num_units, num_annotation_failures=len(failures),
+        profile,
+        sequences,
+        chunks,
+        windows,
+        facts,
+        probes,
+        questions,
+        eval_items,
+        num_annotation_calls=num_units,
+        num_annotation_failures=len(failures),
         evidence_statuses=[i.status for i in loaded.issues],
-    )  # fmt: skip
+    )
     extra = {
         "stats.json": stats_json([stats]),
         "stats.md": format_table([stats]) + "\n",
@@ -354,8 +370,11 @@ def build(
         by = {k: sum(i.status == k for i in loaded.issues) for k in ("unresolved", "recovered", "empty")}
         log.warning(
             "%d evidence issue(s): %d unresolved, %d recovered, %d empty (see evidence_issues.jsonl)",
-            len(loaded.issues), by["unresolved"], by["recovered"], by["empty"],
-        )  # fmt: skip
+            len(loaded.issues),
+            by["unresolved"],
+            by["recovered"],
+            by["empty"],
+        )
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out_dir)

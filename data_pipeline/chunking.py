@@ -162,8 +162,11 @@ def _pack(
             t = items[i][0]
             log.warning(
                 "%s: turn %s alone is %d tokens > budget %d; it becomes its own chunk",
-                seq_id, t.turn_id, used, budget,
-            )  # fmt: skip
+                seq_id,
+                t.turn_id,
+                used,
+                budget,
+            )
         groups.append(items[i:j])
         i = j
     return groups

@@ -65,23 +65,64 @@ class Attr:
 
 
 ATTRS = (
-    Attr("dog", ProbeKind.PLAIN_RECALL, ("Rex", "Biscuit", "Luna", "Pepper", "Milo", "Nala", "Ziggy", "Olive")),
-    Attr("city", ProbeKind.PLAIN_RECALL, ("Lisbon", "Oslo", "Denver", "Kyoto", "Porto", "Quito", "Tunis", "Hanoi"), True),
-    Attr("job", ProbeKind.SPECIFICITY, ("nurse", "baker", "pilot", "architect", "plumber", "chemist", "tailor", "lawyer"), True),
+    Attr(
+        "dog", ProbeKind.PLAIN_RECALL, ("Rex", "Biscuit", "Luna", "Pepper", "Milo", "Nala", "Ziggy", "Olive")
+    ),
+    Attr(
+        "city",
+        ProbeKind.PLAIN_RECALL,
+        ("Lisbon", "Oslo", "Denver", "Kyoto", "Porto", "Quito", "Tunis", "Hanoi"),
+        True,
+    ),
+    Attr(
+        "job",
+        ProbeKind.SPECIFICITY,
+        ("nurse", "baker", "pilot", "architect", "plumber", "chemist", "tailor", "lawyer"),
+        True,
+    ),
     Attr("sister", ProbeKind.MINOR_DIMENSION, ("Mia", "Zoe", "Ines", "Tara", "Noor", "Ada", "Lea", "Kim")),
-    Attr("car", ProbeKind.SPECIFICITY, ("red", "green", "silver", "yellow", "blue", "black", "orange", "white"), True),
-    Attr("allergy", ProbeKind.SEMANTIC_PRECISION, ("peanuts", "shellfish", "pollen", "penicillin", "cats", "dust", "soy", "eggs")),
-    Attr("sport", ProbeKind.PLAIN_RECALL, ("tennis", "rugby", "chess", "volleyball", "squash", "judo", "golf", "rowing"), True),
-    Attr("birthday", ProbeKind.PLAIN_RECALL, ("March", "July", "October", "January", "May", "June", "April", "August")),
-    Attr("instrument", ProbeKind.MINOR_DIMENSION, ("cello", "banjo", "flute", "trumpet", "harp", "drums", "oboe", "piano"), True),
-)  # fmt: skip
+    Attr(
+        "car",
+        ProbeKind.SPECIFICITY,
+        ("red", "green", "silver", "yellow", "blue", "black", "orange", "white"),
+        True,
+    ),
+    Attr(
+        "allergy",
+        ProbeKind.SEMANTIC_PRECISION,
+        ("peanuts", "shellfish", "pollen", "penicillin", "cats", "dust", "soy", "eggs"),
+    ),
+    Attr(
+        "sport",
+        ProbeKind.PLAIN_RECALL,
+        ("tennis", "rugby", "chess", "volleyball", "squash", "judo", "golf", "rowing"),
+        True,
+    ),
+    Attr(
+        "birthday",
+        ProbeKind.PLAIN_RECALL,
+        ("March", "July", "October", "January", "May", "June", "April", "August"),
+    ),
+    Attr(
+        "instrument",
+        ProbeKind.MINOR_DIMENSION,
+        ("cello", "banjo", "flute", "trumpet", "harp", "drums", "oboe", "piano"),
+        True,
+    ),
+)
 # passing states: stated like a fact ("My snack today is popcorn."), worth no memory
 TRANSIENT = (
-    Attr("snack", ProbeKind.SHOULD_NOT_STORE, ("popcorn", "grapes", "bagels", "donuts", "crackers", "nachos")),
+    Attr(
+        "snack", ProbeKind.SHOULD_NOT_STORE, ("popcorn", "grapes", "bagels", "donuts", "crackers", "nachos")
+    ),
     Attr("mood", ProbeKind.SHOULD_NOT_STORE, ("sleepy", "grumpy", "cheerful", "restless", "bored", "giddy")),
-    Attr("outfit", ProbeKind.SHOULD_NOT_STORE, ("pyjamas", "overalls", "sneakers", "sandals", "hoodie", "scarf")),
+    Attr(
+        "outfit",
+        ProbeKind.SHOULD_NOT_STORE,
+        ("pyjamas", "overalls", "sneakers", "sandals", "hoodie", "scarf"),
+    ),
     Attr("weather", ProbeKind.SHOULD_NOT_STORE, ("rainy", "windy", "foggy", "sunny", "snowy", "humid")),
-)  # fmt: skip
+)
 ATTR_BY_NAME = {a.name: a for a in ATTRS + TRANSIENT}
 
 # what the person says (the writer's evidence); {a} attribute, {v} value
@@ -192,8 +233,12 @@ def pool(attr: Attr, values: str) -> tuple[str, ...]:
 
 def parse_statement(text: str) -> tuple[str, str, str] | None:
     """(kind, attribute, value) of a person's line in this world, or None (greetings, replies)."""
-    for kind, forms in (("restate", SAY_RESTATE), ("update", SAY_UPDATE), ("transient", SAY_TRANSIENT),
-                        ("new", SAY_NEW)):  # fmt: skip
+    for kind, forms in (
+        ("restate", SAY_RESTATE),
+        ("update", SAY_UPDATE),
+        ("transient", SAY_TRANSIENT),
+        ("new", SAY_NEW),
+    ):
         for f in forms:
             pat = (
                 "^" + re.escape(f).replace(r"\{a\}", "(?P<a>[a-z]+)").replace(r"\{v\}", r"(?P<v>\S+?)") + "$"
@@ -262,20 +307,48 @@ def generate_ledger_sequence(cfg, n: int) -> dict[str, list]:
                     f"{person} only mentioned a passing {a}; no lasting {a} was ever stated. Full credit "
                     "only if the answer says there is no such record; 0 if it names anything."
                 )
-                probes.append(Probe(probe_id(seq_id, t, k_probe), seq_id, t, ProbeKind.SHOULD_NOT_STORE, q,
-                                    NO_SUCH_RECORD, rubric, True, []))  # fmt: skip
+                probes.append(
+                    Probe(
+                        probe_id(seq_id, t, k_probe),
+                        seq_id,
+                        t,
+                        ProbeKind.SHOULD_NOT_STORE,
+                        q,
+                        NO_SUCH_RECORD,
+                        rubric,
+                        True,
+                        [],
+                    )
+                )
                 k_probe += 1
                 continue
             if kind == "restate":  # no new fact: the stored one must still answer, and be stored once
                 fid = history[a][-1].fact.fact_id
                 rubric = f"Full credit only for the {a} '{v}'; 0 for another {a}, a hedge, or no record."
-                probes.append(Probe(probe_id(seq_id, t, k_probe), seq_id, t, ProbeKind.PLAIN_RECALL, q, v,
-                                    rubric, False, [fid]))  # fmt: skip
+                probes.append(
+                    Probe(
+                        probe_id(seq_id, t, k_probe),
+                        seq_id,
+                        t,
+                        ProbeKind.PLAIN_RECALL,
+                        q,
+                        v,
+                        rubric,
+                        False,
+                        [fid],
+                    )
+                )
                 k_probe += 1
                 continue
             prev = history[a][-1].fact.fact_id if kind == "update" else ""
-            f = Fact(fact_id(seq_id, t, sum(x.chunk_index == t for x in facts)), seq_id, t,
-                     record_text(a, [(v, "")]), [tid], prev)  # fmt: skip
+            f = Fact(
+                fact_id(seq_id, t, sum(x.chunk_index == t for x in facts)),
+                seq_id,
+                t,
+                record_text(a, [(v, "")]),
+                [tid],
+                prev,
+            )
             facts.append(f)
             history.setdefault(a, []).append(_State(v, date, t, f))
             if kind == "update":
@@ -301,10 +374,14 @@ def generate_ledger_sequence(cfg, n: int) -> dict[str, list]:
     )
     windows = build_windows(chunks, cfg.num_chunks_per_window)
     return {
-        "sequences": [seq], "chunks": chunks, "windows": windows, "facts": facts, "probes": probes,
+        "sequences": [seq],
+        "chunks": chunks,
+        "windows": windows,
+        "facts": facts,
+        "probes": probes,
         "orm_questions": _orm_questions(cfg, rng, seq_id, person, windows, history),
         "eval_items": _eval_items(seq_id, person, history, probes),
-    }  # fmt: skip
+    }
 
 
 def _history_answer(states: list[_State]) -> str:
@@ -348,11 +425,18 @@ def _orm_questions(cfg, rng, seq_id, person, windows, history) -> list[OrmQuesti
             if q in seen_q or k >= cfg.num_orm_questions_per_window:
                 continue
             seen_q.add(q)
-            out.append(OrmQuestion(
-                question_id(seq_id, w.index, k), seq_id, w.index, q, ans,
-                sorted({g.chunk for g in gold}),
-                [GoldFact(g.fact.text, g.chunk, g.fact.fact_id, g.value) for g in gold], rubric,
-            ))  # fmt: skip
+            out.append(
+                OrmQuestion(
+                    question_id(seq_id, w.index, k),
+                    seq_id,
+                    w.index,
+                    q,
+                    ans,
+                    sorted({g.chunk for g in gold}),
+                    [GoldFact(g.fact.text, g.chunk, g.fact.fact_id, g.value) for g in gold],
+                    rubric,
+                )
+            )
             k += 1
     return out
 
@@ -365,15 +449,27 @@ def _eval_items(
     items: list[EvalItem] = []
 
     def add(question: str, answer: str, category: str, states: list[_State], trap: bool = False) -> None:
-        items.append(EvalItem(
-            f"{seq_id}/q{len(items):03d}", "synthetic", seq_id, question, answer, category,
-            [tid for s in states for tid in s.fact.turn_ids], evidence_chunks=sorted({s.chunk for s in states}),
-            is_trap=trap,
-        ))  # fmt: skip
+        items.append(
+            EvalItem(
+                f"{seq_id}/q{len(items):03d}",
+                "synthetic",
+                seq_id,
+                question,
+                answer,
+                category,
+                [tid for s in states for tid in s.fact.turn_ids],
+                evidence_chunks=sorted({s.chunk for s in states}),
+                is_trap=trap,
+            )
+        )
 
     for a, st in sorted(history.items()):
-        add(f"What is {question_key(person, a)}?", st[-1].value,
-            "transition" if len(st) > 1 else ATTR_BY_NAME[a].kind.value, st[-1:])  # fmt: skip
+        add(
+            f"What is {question_key(person, a)}?",
+            st[-1].value,
+            "transition" if len(st) > 1 else ATTR_BY_NAME[a].kind.value,
+            st[-1:],
+        )
         if len(st) > 1:
             add(f"How did {question_key(person, a)} change?", _history_answer(st), "history", st)
     for q in sorted({p.question for p in probes if p.is_trap}):

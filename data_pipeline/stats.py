@@ -108,9 +108,15 @@ def compute(
 def of_tables(profile: str, tables: dict[str, list]) -> Stats:
     """The statistics of a built dataset's tables (`BuiltDataset.tables`), as the row of `profile`."""
     return compute(
-        profile, tables["sequences"], tables["chunks"], tables["windows"], tables["facts"], tables["probes"],
-        tables["orm_questions"], tables["eval_items"],
-    )  # fmt: skip
+        profile,
+        tables["sequences"],
+        tables["chunks"],
+        tables["windows"],
+        tables["facts"],
+        tables["probes"],
+        tables["orm_questions"],
+        tables["eval_items"],
+    )
 
 
 def format_table(rows: list[Stats], columns: tuple[tuple[str, str], ...] = COLUMNS) -> str:

@@ -277,8 +277,12 @@ class NativeHarness(Harness):
                 self.llm.base_url.rstrip("/") + "/chat/completions", json=body, headers=headers
             )
         except self._httpx.HTTPError as e:
-            return WriteResult(WriteStatus.PLATFORM_ERROR, 0, f"LLM request failed: {type(e).__name__}: {e}",
-                               writer_timeout=isinstance(e, self._httpx.TimeoutException))  # fmt: skip
+            return WriteResult(
+                WriteStatus.PLATFORM_ERROR,
+                0,
+                f"LLM request failed: {type(e).__name__}: {e}",
+                writer_timeout=isinstance(e, self._httpx.TimeoutException),
+            )
         if resp.status_code != 200:
             # 401/403 is an identity rejection by the gateway: a platform fault, not policy behaviour
             return WriteResult(

@@ -19,14 +19,21 @@ def init_ray(cluster: ClusterConfig) -> None:
     if cluster.ray_address == "local":
         # address="local" always starts a new cluster: without it ray.init joins whatever cluster a
         # `ray_current_cluster` file left in the Ray temp dir names, and a stale one fails every run
-        ray.init(address="local", num_cpus=cluster.num_cpus, include_dashboard=cluster.dashboard,
-                 log_to_driver=cluster.log_to_driver)  # fmt: skip
+        ray.init(
+            address="local",
+            num_cpus=cluster.num_cpus,
+            include_dashboard=cluster.dashboard,
+            log_to_driver=cluster.log_to_driver,
+        )
     else:
         ray.init(address=cluster.ray_address, log_to_driver=cluster.log_to_driver)
     if not cluster.log_to_driver:
         session = ray.get_runtime_context().gcs_address
-        log.info("Ray actors' logs (cluster.log_to_driver=false): %s/logs on each node (session of GCS %s)",
-                 _session_dir(), session)  # fmt: skip
+        log.info(
+            "Ray actors' logs (cluster.log_to_driver=false): %s/logs on each node (session of GCS %s)",
+            _session_dir(),
+            session,
+        )
 
 
 def _session_dir() -> str:

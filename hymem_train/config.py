@@ -146,8 +146,12 @@ class ClusterConfig:
         if self.num_gpus_per_node == 0:
             # a CPU box: trainer ranks as torchrun starts them; policy/teacher replicas, if asked for, are
             # CPU Ray actors (HF engines: the multi-node simulation), and so are reader / judge pools
-            cpu_ok = ("cluster.placement.policy_replicas", "cluster.placement.teacher_replicas",
-                      "cluster.placement.reader.replicas", "cluster.placement.judge.replicas")  # fmt: skip
+            cpu_ok = (
+                "cluster.placement.policy_replicas",
+                "cluster.placement.teacher_replicas",
+                "cluster.placement.reader.replicas",
+                "cluster.placement.judge.replicas",
+            )
             asked = {k: n for k, n in self.placement.gpu_requests().items() if n > 0 and k not in cpu_ok}
             if asked:
                 raise ValueError(

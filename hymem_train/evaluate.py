@@ -105,16 +105,25 @@ def fixed_services(cfg: EvaluateConfig):
         emb = Gateway(None, None, dataclasses.replace(cfg.gateway, frozen=True, embeddings=True))
         emb_server = stack.enter_context(GatewayServer(emb))
         proto = cfg.protocol
-        for role, local, model in (("reader", cfg.local_reader, cfg.reader_model),
-                                   ("judge", cfg.local_judge, cfg.judge_model)):  # fmt: skip
+        for role, local, model in (
+            ("reader", cfg.local_reader, cfg.reader_model),
+            ("judge", cfg.local_judge, cfg.judge_model),
+        ):
             if local:
                 client = getattr(proto, role)
                 if role == "reader" and cfg.reader_kind == "extractive":  # reader_model unused
-                    srv = start_instrument_server(default_tokenizer(), served_model_name=client.model,
-                                                  max_model_len=cfg.engine.max_model_len)  # fmt: skip
+                    srv = start_instrument_server(
+                        default_tokenizer(),
+                        served_model_name=client.model,
+                        max_model_len=cfg.engine.max_model_len,
+                    )
                 else:
-                    srv = start_frozen_server(model, load_tokenizer_for(model), served_model_name=client.model,
-                                              max_model_len=cfg.engine.max_model_len)  # fmt: skip
+                    srv = start_frozen_server(
+                        model,
+                        load_tokenizer_for(model),
+                        served_model_name=client.model,
+                        max_model_len=cfg.engine.max_model_len,
+                    )
                 stack.callback(srv.stop)
                 setattr(proto, role, dataclasses.replace(client, base_url=srv.base_url))
         # an identity of its own that never declares a chunk (as the training stages' bank readers)
@@ -152,15 +161,25 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
     times = record_build_times(out, matrix.build_times)
     harnesses = list(cfg.harnesses)
     table = build_table(
-        records, [w.name for w in cfg.writers], harnesses, {h: held_out(cfg.harnesses[h]) for h in harnesses},
-        resamples=cfg.bootstrap_resamples, seed=cfg.seed,
-    )  # fmt: skip
+        records,
+        [w.name for w in cfg.writers],
+        harnesses,
+        {h: held_out(cfg.harnesses[h]) for h in harnesses},
+        resamples=cfg.bootstrap_resamples,
+        seed=cfg.seed,
+    )
     header = table_header(cfg, plans)
     table.notes += [f"bank builds, {h}: {v}" for h, v in times.items()]
     md = write_outputs(out, table, records, header, {"stats": dict(matrix.stats), "build_seconds": times})
     bank_md = write_bank_metrics(matrix, plans)  # ledger data in the native harness only
-    return {"table_md": md, "out": str(out), "stats": dict(matrix.stats), "records": records, "table": table,
-            "bank_metrics_md": str(bank_md) if bank_md else None}  # fmt: skip
+    return {
+        "table_md": md,
+        "out": str(out),
+        "stats": dict(matrix.stats),
+        "records": records,
+        "table": table,
+        "bank_metrics_md": str(bank_md) if bank_md else None,
+    }
 
 
 def reader_preflight(cfg: EvaluateConfig, run_dir: Path, datasets: dict[str, Any]) -> None:
@@ -171,8 +190,13 @@ def reader_preflight(cfg: EvaluateConfig, run_dir: Path, datasets: dict[str, Any
     from reward.llm import ChatClient
     from reward.reader_checks import preflight_to
 
-    preflight_to(run_dir / "reader_preflight.json", datasets, Reader(ChatClient(cfg.protocol.reader)),
-                 search_k=cfg.protocol.search_k, echo=lambda s: print(s, flush=True))  # fmt: skip
+    preflight_to(
+        run_dir / "reader_preflight.json",
+        datasets,
+        Reader(ChatClient(cfg.protocol.reader)),
+        search_k=cfg.protocol.search_k,
+        echo=lambda s: print(s, flush=True),
+    )
 
 
 def table_header(cfg: EvaluateConfig, plans) -> list[str]:
@@ -183,19 +207,29 @@ def table_header(cfg: EvaluateConfig, plans) -> list[str]:
     for w in cfg.writers:
         lines.append(f"- writer **{w.name}**: " + writer_label(w))
     judged = p.judge_mode == "protocol" and bool(p.judge.base_url)
-    lines.append(f"- reader: model `{p.reader.model}` at {p.reader.base_url}; judge mode `{p.judge_mode}`"
-                 + (f", judge model `{p.judge.model}` at {p.judge.base_url}" if judged else "")
-                 + (" (token F1: not the report's judge protocol)" if p.judge_mode == "token_f1" else ""))  # fmt: skip
+    lines.append(
+        f"- reader: model `{p.reader.model}` at {p.reader.base_url}; judge mode `{p.judge_mode}`"
+        + (f", judge model `{p.judge.model}` at {p.judge.base_url}" if judged else "")
+        + (" (token F1: not the report's judge protocol)" if p.judge_mode == "token_f1" else "")
+    )
     budgets = {b: p.budget(metric_for(b)) for pl in plans for b in pl.benchmarks}
-    lines.append("- reader answer budgets (max_tokens): " + ", ".join(f"{b} {n}" for b, n in sorted(budgets.items()))
-                 + (f"; capped at {p.reader_budget_cap} for this reader, not the published budgets"
-                    if p.reader_budget_cap else "; each benchmark's published budget (docs/evaluation.md)"))  # fmt: skip
+    lines.append(
+        "- reader answer budgets (max_tokens): "
+        + ", ".join(f"{b} {n}" for b, n in sorted(budgets.items()))
+        + (
+            f"; capped at {p.reader_budget_cap} for this reader, not the published budgets"
+            if p.reader_budget_cap
+            else "; each benchmark's published budget (docs/evaluation.md)"
+        )
+    )
     for pl in plans:
         sub = pl.dataset.manifest.eval_subsample
         n = sum(len(v) for v in pl.items.values())
-        lines.append(f"- {pl.harness}: `{pl.dataset.root}`, {n} items over {len(pl.items)} sequences; subsample "
-                     f"{cfg.subsample} (fraction {sub.get('fraction')}, seed {sub.get('seed')})"
-                     + (f", first {cfg.max_items_per_benchmark} per benchmark" if cfg.max_items_per_benchmark else ""))  # fmt: skip
+        lines.append(
+            f"- {pl.harness}: `{pl.dataset.root}`, {n} items over {len(pl.items)} sequences; subsample "
+            f"{cfg.subsample} (fraction {sub.get('fraction')}, seed {sub.get('seed')})"
+            + (f", first {cfg.max_items_per_benchmark} per benchmark" if cfg.max_items_per_benchmark else "")
+        )
     return lines
 
 
@@ -213,7 +247,7 @@ def record_endpoints(out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: Matr
         "write": {
             w: {"base_url": e.base_url, "model": e.model, "served_requests": served.get(w)} if e else None
             for w, e in ep.writers.items()
-        },  # fmt: skip
+        },
         "write_calls_made": matrix.stats.get("write_calls", 0),
         "embedder": {"base_url": ep.embedder.base_url, "model": ep.embedder.model} if ep.embedder else None,
         "search_llm": {"base_url": ep.search.base_url, "model": ep.search.model} if ep.search else None,
@@ -221,13 +255,13 @@ def record_endpoints(out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: Matr
             "base_url": ep.reader.base_url,
             "model": ep.reader.model,
             "calls": matrix.stats.get("reader_calls", 0),
-        },  # fmt: skip
+        },
         "judge": {
             "base_url": ep.judge.base_url,
             "model": ep.judge.model,
             "mode": cfg.protocol.judge_mode,
             "calls": matrix.stats.get("judge_calls", 0),
-        },  # fmt: skip
+        },
     }
     write_json_atomic(out / "endpoints.json", rec)
 

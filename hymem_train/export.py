@@ -37,9 +37,13 @@ def run(cfg: ExportConfig) -> Path:
     from hymem_train.trainer.export import export_checkpoint
 
     out = export_checkpoint(
-        cfg.checkpoint, cfg.out_dir, dtype=cfg.dtype, fallback_model=cfg.model,
-        max_shard_bytes=cfg.max_shard_mb * 10**6, served_model_name=cfg.served_model_name,
-    )  # fmt: skip
+        cfg.checkpoint,
+        cfg.out_dir,
+        dtype=cfg.dtype,
+        fallback_model=cfg.model,
+        max_shard_bytes=cfg.max_shard_mb * 10**6,
+        served_model_name=cfg.served_model_name,
+    )
     print(f"exported {cfg.checkpoint} -> {out}")
     if cfg.push_to_hub:
         print(f"pushed to {push_to_hub(out, cfg.push_to_hub)}")

@@ -44,16 +44,31 @@ def start_frozen_models(stage: Stage, cfg: RlConfig) -> tuple[list[Any], RewardC
             client = getattr(cfg.reward, role)
             if getattr(cfg.cluster.placement, role).replicas:
                 srv = start_frozen_pool(
-                    role, model, load_tokenizer_for(model), served_model_name=client.model, engine_cfg=cfg.engine,
-                    cluster=cfg.cluster, host=cfg.gateway.host, export_dir=stage.run_dir / f"{role}_hf",
-                )  # fmt: skip
+                    role,
+                    model,
+                    load_tokenizer_for(model),
+                    served_model_name=client.model,
+                    engine_cfg=cfg.engine,
+                    cluster=cfg.cluster,
+                    host=cfg.gateway.host,
+                    export_dir=stage.run_dir / f"{role}_hf",
+                )
                 write_placement(stage, stage.run_dir, **{role: srv.infos, f"{role}_gateway": srv.base_url})
             elif local and role == "reader" and cfg.reader_kind == "extractive":  # reader_model unused
-                srv = start_instrument_server(stage.tokenizer, served_model_name=client.model,
-                                              max_model_len=cfg.engine.max_model_len, host=cfg.gateway.host)  # fmt: skip
+                srv = start_instrument_server(
+                    stage.tokenizer,
+                    served_model_name=client.model,
+                    max_model_len=cfg.engine.max_model_len,
+                    host=cfg.gateway.host,
+                )
             elif local:  # CPU boxes: the frozen reader in this process
-                srv = start_frozen_server(model, stage.tokenizer, served_model_name=client.model,
-                                          max_model_len=cfg.engine.max_model_len, host=cfg.gateway.host)  # fmt: skip
+                srv = start_frozen_server(
+                    model,
+                    stage.tokenizer,
+                    served_model_name=client.model,
+                    max_model_len=cfg.engine.max_model_len,
+                    host=cfg.gateway.host,
+                )
             else:
                 continue
             started.append(srv)
@@ -74,5 +89,10 @@ def reader_preflight(stage: Stage, cfg: RlConfig, reward: RewardConfig) -> None:
     from reward.reader_checks import preflight_to
 
     datasets = {h: stage.dataset.of(h) for h in cfg.harnesses}
-    preflight_to(stage.run_dir / "reader_preflight.json", datasets, Reader(ChatClient(reward.reader)),
-                 search_k=reward.search_k, echo=lambda s: print(s, flush=True))  # fmt: skip
+    preflight_to(
+        stage.run_dir / "reader_preflight.json",
+        datasets,
+        Reader(ChatClient(reward.reader)),
+        search_k=reward.search_k,
+        echo=lambda s: print(s, flush=True),
+    )

@@ -111,10 +111,15 @@ class MetricsLogger:
 
                 os.environ.setdefault("WANDB_SILENT", "true")
                 self._wandb = wandb.init(
-                    project=cfg.project, entity=cfg.entity or None, name=run_name, dir=str(self.dir),
-                    mode=cfg.wandb_mode, config=config or {}, id=self.wandb_id,
+                    project=cfg.project,
+                    entity=cfg.entity or None,
+                    name=run_name,
+                    dir=str(self.dir),
+                    mode=cfg.wandb_mode,
+                    config=config or {},
+                    id=self.wandb_id,
                     resume="allow" if resumes else None,
-                )  # fmt: skip
+                )
             except Exception as e:  # logging must never kill a training run
                 log.warning("wandb unavailable (%s); metrics go to %s only", e, self.path)
 

@@ -42,9 +42,14 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
 
     def evaluate(step: int) -> dict[str, float]:
         return opd_reverse_kl(
-            stage.collector, stage.eval_dataset, harness, stage.engine, teacher, step,
+            stage.collector,
+            stage.eval_dataset,
+            harness,
+            stage.engine,
+            teacher,
+            step,
             stage.trainer.model.config.vocab_size,
-        )  # fmt: skip
+        )
 
     if is_driver and stage.eval_dataset is not None and stage.start_step == 0:
         log_step(stage, 0, evaluate(0))
@@ -105,9 +110,12 @@ def run(cfg: OpdConfig) -> dict[str, float]:
                 cfg.teacher_engine.kind, cfg.teacher, stage.run_dir / "teacher_hf"
             )
             teacher = build_served_engine(
-                cfg.teacher_engine, teacher_model, stage.tokenizer,
-                replicas=cfg.cluster.placement.teacher_replicas, cluster=cfg.cluster,
-            )  # fmt: skip
+                cfg.teacher_engine,
+                teacher_model,
+                stage.tokenizer,
+                replicas=cfg.cluster.placement.teacher_replicas,
+                cluster=cfg.cluster,
+            )
             write_placement(stage, stage.run_dir, teacher=getattr(teacher, "infos", "driver"))
             stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "opd_curves.png"))
         last = train(stage, teacher, cfg)

@@ -456,10 +456,17 @@ def make_plan(cfg: StageConfig) -> Plan:
         ray_cpus=ray_cpu_demand(cfg),
     )
     if cl.num_gpus_per_node == 0:  # a CPU box: engines in-process, ranks as torchrun launches them
-        cpu_pools = [f"{n} {role} replica(s) as CPU Ray actors ({pl.cpus_per_replica:g} CPU each, "
-                     f"{pl.replica_strategy})" for role, n in (("policy", pl.policy_replicas),
-                     ("teacher", pl.teacher_replicas if opd else 0), ("reader", 0 if opd else pl.reader.replicas),
-                     ("judge", 0 if opd else pl.judge.replicas)) if n]  # fmt: skip
+        cpu_pools = [
+            f"{n} {role} replica(s) as CPU Ray actors ({pl.cpus_per_replica:g} CPU each, "
+            f"{pl.replica_strategy})"
+            for role, n in (
+                ("policy", pl.policy_replicas),
+                ("teacher", pl.teacher_replicas if opd else 0),
+                ("reader", 0 if opd else pl.reader.replicas),
+                ("judge", 0 if opd else pl.judge.replicas),
+            )
+            if n
+        ]
         notes.append(
             "CPU-only cluster: "
             + (

@@ -31,8 +31,17 @@ from reward.harness_rewards import HarnessRewards, reduce_group_metrics
 
 log = logging.getLogger(__name__)
 
-CURVES = ["reward/s", "reward/prm", "reward/orm", "reward/pen", "eval/s", "train/clipfrac", "train/clipfrac_low",
-          "train/clipfrac_high", "reward/zero_advantage_share"]  # fmt: skip
+CURVES = [
+    "reward/s",
+    "reward/prm",
+    "reward/orm",
+    "reward/pen",
+    "eval/s",
+    "train/clipfrac",
+    "train/clipfrac_low",
+    "train/clipfrac_high",
+    "reward/zero_advantage_share",
+]
 
 
 def collect(stage: Stage, reward: HarnessRewards, cfg: RlConfig, step: int) -> Batch:
@@ -57,8 +66,15 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
     timer, is_driver = stage.timer, stage.is_driver
 
     def evaluate(step: int) -> dict[str, float]:
-        return rl_chunk_reward(stage.collector, stage.eval_dataset, next(iter(cfg.harnesses)), reward,
-                               cfg.rl.num_eval_rollouts, step, cfg.reward.scoring.report_protocol())  # fmt: skip
+        return rl_chunk_reward(
+            stage.collector,
+            stage.eval_dataset,
+            next(iter(cfg.harnesses)),
+            reward,
+            cfg.rl.num_eval_rollouts,
+            step,
+            cfg.reward.scoring.report_protocol(),
+        )
 
     if is_driver and stage.eval_dataset is not None and stage.start_step == 0:
         log_step(stage, 0, evaluate(0))

@@ -161,9 +161,17 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | No
         cfg.data.path, cfg.data.per_harness, list(cfg.harnesses), keep_leaked=cfg.data.keep_leaked
     )
     stage = Stage(
-        cfg, run_dir, tokenizer, trainer, checkpoints, start_step, datasets,
-        BuiltDataset(cfg.data.eval_path, keep_leaked=cfg.data.keep_leaked) if cfg.data.eval_path else None, StepTimer(), StepDumps(run_dir),
-    )  # fmt: skip
+        cfg,
+        run_dir,
+        tokenizer,
+        trainer,
+        checkpoints,
+        start_step,
+        datasets,
+        BuiltDataset(cfg.data.eval_path, keep_leaked=cfg.data.keep_leaked) if cfg.data.eval_path else None,
+        StepTimer(),
+        StepDumps(run_dir),
+    )
     stage.preemption = Preemption(run_dir, trainer, is_driver=stage.is_driver)
     if stage.is_driver:
         init_ray(cfg.cluster)
@@ -171,9 +179,11 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | No
         colocated = cfg.cluster.placement.mode == "colocated"
         stage.engine = build_served_engine(
             dataclasses.replace(cfg.engine, enable_sleep_mode=colocated),
-            engine_model_cfg(cfg.engine.kind, model_cfg, run_dir / "init_hf", cfg.model), tokenizer,
-            replicas=cfg.cluster.placement.policy_replicas, cluster=cfg.cluster,
-        )  # fmt: skip
+            engine_model_cfg(cfg.engine.kind, model_cfg, run_dir / "init_hf", cfg.model),
+            tokenizer,
+            replicas=cfg.cluster.placement.policy_replicas,
+            cluster=cfg.cluster,
+        )
         stage.gateway = Gateway(stage.engine, tokenizer, cfg.gateway)
         stage.server = GatewayServer(stage.gateway).start()
         # bank readers (reward actors, lineage checks) embed queries through the gateway under an
@@ -202,15 +212,23 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | No
         if cfg.rollout.mode != "train_only":
             check_ray_capacity(cfg)
             worker_kwargs = dict(
-                harnesses=cfg.harnesses, gateway_url=stage.server.url, admin_token=stage.gateway.admin_token,
-                model_name=cfg.gateway.served_model_name, tokenizer_path=cfg.model.tokenizer_path,
+                harnesses=cfg.harnesses,
+                gateway_url=stage.server.url,
+                admin_token=stage.gateway.admin_token,
+                model_name=cfg.gateway.served_model_name,
+                tokenizer_path=cfg.model.tokenizer_path,
                 faults=cfg.rollout.faults,
-            )  # fmt: skip
+            )
             pool = RolloutPool(
-                worker_kwargs, cfg.rollout.num_workers, use_ray=cfg.rollout.use_ray,
-                num_cpus_per_worker=cfg.rollout.num_cpus_per_worker, resources=cfg.rollout.ray_resources,
-                spread=cfg.rollout.spread_workers, max_restarts=cfg.rollout.max_worker_restarts, on_lost=stage.gateway.forget,
-            )  # fmt: skip
+                worker_kwargs,
+                cfg.rollout.num_workers,
+                use_ray=cfg.rollout.use_ray,
+                num_cpus_per_worker=cfg.rollout.num_cpus_per_worker,
+                resources=cfg.rollout.ray_resources,
+                spread=cfg.rollout.spread_workers,
+                max_restarts=cfg.rollout.max_worker_restarts,
+                on_lost=stage.gateway.forget,
+            )
         stage.collector = RolloutCollector(
             pool, stage.dataset, lineage, run_dir, keep_rollout_dirs=cfg.rollout.keep_rollout_dirs
         )
@@ -240,8 +258,11 @@ def write_placement(stage: Stage, run_dir: Path, **extra: Any) -> dict:
     import ray
 
     def here() -> dict:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid()}  # fmt: skip
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+        }
 
     path = run_dir / "placement.json"
     out = json.loads(path.read_text()) if extra and path.exists() else {}

@@ -32,19 +32,41 @@ Counts = dict[str, tuple[float, float]]  # metric -> (numerator, denominator) of
 
 # metric -> (display name, definition); the order is the tables' column order
 METRICS: dict[str, tuple[str, str]] = {
-    "memory_recall": ("Memory recall", "gold keys with a record whose current value is the gold current value / gold keys"),
-    "target_precision": ("Target precision", "records that are a gold point (parse, gold key, current value right; "
-                         "one per key, a duplicate is not) / records"),
-    "false_memory_resistance": ("False-memory resistance", "transient lines whose key has no record / transient lines"),
+    "memory_recall": (
+        "Memory recall",
+        "gold keys with a record whose current value is the gold current value / gold keys",
+    ),
+    "target_precision": (
+        "Target precision",
+        "records that are a gold point (parse, gold key, current value right; "
+        "one per key, a duplicate is not) / records",
+    ),
+    "false_memory_resistance": (
+        "False-memory resistance",
+        "transient lines whose key has no record / transient lines",
+    ),
     "restated_once": ("Restated once", "restated keys with exactly one record / restated keys"),
-    "update_correct": ("Update correct", "changed keys with one record holding every gold state in order / changed keys"),
-    "update_hallucination": ("Update hallucination", "changed keys with a record whose current value was never "
-                             "stated for the key / changed keys"),
-    "update_omission": ("Update omission", "changed keys with no record, two or more records, the old state still "
-                        "current, or only a prefix of the states / changed keys"),
-    "update_history_lost": ("Update history lost", "changed keys with one record, current value right, earlier "
-                            "states not the gold ones / changed keys"),
-    "history_kept": ("History kept", "changed keys with a record holding every gold state in order / changed keys"),
+    "update_correct": (
+        "Update correct",
+        "changed keys with one record holding every gold state in order / changed keys",
+    ),
+    "update_hallucination": (
+        "Update hallucination",
+        "changed keys with a record whose current value was never stated for the key / changed keys",
+    ),
+    "update_omission": (
+        "Update omission",
+        "changed keys with no record, two or more records, the old state still "
+        "current, or only a prefix of the states / changed keys",
+    ),
+    "update_history_lost": (
+        "Update history lost",
+        "changed keys with one record, current value right, earlier states not the gold ones / changed keys",
+    ),
+    "history_kept": (
+        "History kept",
+        "changed keys with a record holding every gold state in order / changed keys",
+    ),
     "unparsed_share": ("Unparsed records", "records outside the record grammar (prose) / records"),
     "bank_records": ("Records", "records per sequence"),
     "bank_tokens": ("Tokens", "tokens per sequence (whitespace words unless a tokenizer is given)"),
@@ -53,7 +75,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "op_delete": ("DELETE", "DELETE ops applied / ops"),
     "op_none": ("NONE", "chunk writes that changed nothing (a NONE reply) / ops"),
     "op_invalid": ("INVALID", "chunk writes whose reply had no valid op (policy error) / ops"),
-}  # fmt: skip
+}
 RATE_METRICS = [m for m in METRICS if m not in ("bank_records", "bank_tokens")]  # shares in [0, 1]
 OP_KEYS = {
     "ADD": "op_add",
@@ -126,9 +148,12 @@ def update_outcome(recs: list[LedgerRecord], gold: LedgerRecord, stated: set[str
 
 
 def sequence_counts(
-    records: list[str], chunks: Iterable[Any], *, count_tokens: Callable[[str], int] | None = None,
+    records: list[str],
+    chunks: Iterable[Any],
+    *,
+    count_tokens: Callable[[str], int] | None = None,
     ops: dict[str, int] | None = None,
-) -> Counts:  # fmt: skip
+) -> Counts:
     """Every metric of METRICS as (numerator, denominator) for one sequence's final bank `records`
     (texts, as the harness's read_all gives them) against its ledger `chunks`; `ops`: the bank build's
     op counts (`op_counts`), without which the op-mix metrics are left out."""
@@ -156,12 +181,15 @@ def sequence_counts(
         "target_precision": (len(hits), n),
         "false_memory_resistance": (sum(k not in by_key for k in truth.transient), len(truth.transient)),
         "restated_once": (sum(len(by_key.get(k, [])) == 1 for k in truth.restated), len(truth.restated)),
-        **{f"update_{o}": (outcomes.count(o), len(changed)) for o in ("correct", "hallucination", "omission", "history_lost")},
+        **{
+            f"update_{o}": (outcomes.count(o), len(changed))
+            for o in ("correct", "hallucination", "omission", "history_lost")
+        },
         "history_kept": (kept, len(changed)),
         "unparsed_share": (unparsed, n),
         "bank_records": (n, 1),
         "bank_tokens": (sum(count_tokens(t) for t in records), 1),
-    }  # fmt: skip
+    }
     if ops is not None:
         total = sum(ops.get(k, 0) for k in OP_KEYS)
         out.update({m: (ops.get(k, 0), total) for k, m in OP_KEYS.items()})
@@ -212,9 +240,13 @@ def _interval(value: float, boot: np.ndarray) -> Interval:
 
 
 def paired_bootstrap(
-    per_writer: dict[str, dict[str, Counts]], *, pairs: list[tuple[str, str]] = (), resamples: int = 1000,
-    seed: int = 0, paired: bool = True,
-) -> BootstrapResult:  # fmt: skip
+    per_writer: dict[str, dict[str, Counts]],
+    *,
+    pairs: list[tuple[str, str]] = (),
+    resamples: int = 1000,
+    seed: int = 0,
+    paired: bool = True,
+) -> BootstrapResult:
     """`per_writer`: writer -> sequence id -> Counts (every writer the same sequences). Each replicate
     draws sequences with replacement, the same draw for every writer (`paired=False`: an independent
     draw per writer, the unpaired comparison), and pools each metric as sum(num) / sum(den). A metric

@@ -129,12 +129,20 @@ def calibrate(
                 f"(floor {floor}): the writes barely grow the bank; lower the floor or widen the quantiles"
             )
         out[h] = Calibration(
-            harness=h, lower=lower, upper=upper, floor_tokens=int(floor),
-            num_writes=len(pairs), num_first_writes=n_first,
-            quantiles={q: float(np.quantile(g, v)) for q, v in (("p50", .5), ("p75", .75), ("p90", .9), ("p99", .99))}
+            harness=h,
+            lower=lower,
+            upper=upper,
+            floor_tokens=int(floor),
+            num_writes=len(pairs),
+            num_first_writes=n_first,
+            quantiles={
+                q: float(np.quantile(g, v))
+                for q, v in (("p50", 0.5), ("p75", 0.75), ("p90", 0.9), ("p99", 0.99))
+            }
             | {"max": float(g.max())},
-            share_penalised=float((g > lower).mean()), share_full=float((g >= upper).mean()),
-        )  # fmt: skip
+            share_penalised=float((g > lower).mean()),
+            share_full=float((g >= upper).mean()),
+        )
     if not out:
         raise ValueError("no valid writes recorded: nothing to calibrate")
     return out

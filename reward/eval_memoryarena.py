@@ -116,14 +116,21 @@ def shopping_reader(item: Any, entries: Sequence[Any]) -> Messages:
 
 register(
     Metric(
-        "memoryarena_travel", "Travel SPS", counts=travel_counts, local=travel_score, reader_messages=travel_reader,
+        "memoryarena_travel",
+        "Travel SPS",
+        counts=travel_counts,
+        local=travel_score,
+        reader_messages=travel_reader,
         reader_max_tokens=32768,
         reader_budget_source="MemoryArena env/env_systems/travel_planner_env/clients/openai_client.py: "
         "max_tokens 32768 (its Anthropic and Gemini clients: 8192); a whole multi-day JSON plan",
     ),
     Metric(
-        "memoryarena_shopping", "Shopping PS", local=shopping_score, reader_messages=shopping_reader,
+        "memoryarena_shopping",
+        "Shopping PS",
+        local=shopping_score,
+        reader_messages=shopping_reader,
         reader_max_tokens=4096,
         reader_budget_source="MemoryArena configs/web_shopping_configs/*.json: max_tokens 4096",
     ),
-)  # fmt: skip
+)

@@ -63,8 +63,12 @@ def reader_messages(item: Any, entries: Sequence[Any]) -> Messages:
 
 register(
     Metric(
-        "personamem_v2", "PersonaMem-v2", local=score, reader_messages=reader_messages, reader_max_tokens=4096,
+        "personamem_v2",
+        "PersonaMem-v2",
+        local=score,
+        reader_messages=reader_messages,
+        reader_max_tokens=4096,
         reader_budget_source="PersonaMem-v2 config.yaml max_tokens 4096 (its OpenAI call sets none, its "
         "Claude call 4096); the answer reasons before its 'Final Answer: X' line",
     )
-)  # fmt: skip
+)

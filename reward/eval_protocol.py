@@ -205,23 +205,36 @@ def register(*metrics: Metric) -> None:
 
 register(
     Metric(
-        "locomo", "LoCoMo Judge", counts=lambda it: it.category != "5", judge_messages=locomo_judge_messages,
-        parse=parse_locomo_label, category_label=lambda c: LOCOMO_CATEGORIES.get(c, c), json_reply=True,
+        "locomo",
+        "LoCoMo Judge",
+        counts=lambda it: it.category != "5",
+        judge_messages=locomo_judge_messages,
+        parse=parse_locomo_label,
+        category_label=lambda c: LOCOMO_CATEGORIES.get(c, c),
+        json_reply=True,
         reader_max_tokens=1024,
         reader_budget_source="Mem0's evaluation (evaluation/src/memzero/search.py) sets none, the API default; "
         "1024 bounds a runaway reader far above its 5-6-word answers",
     ),
     Metric(
-        "longmemeval_s", "LongMemEval", judge_messages=longmemeval_judge_messages, parse=parse_yes_no,
-        judge_max_tokens=10, reader_max_tokens=800,
+        "longmemeval_s",
+        "LongMemEval",
+        judge_messages=longmemeval_judge_messages,
+        parse=parse_yes_no,
+        judge_max_tokens=10,
+        reader_max_tokens=800,
         reader_budget_source="LongMemEval src/generation/run_generation.py: 800 with chain of thought (its "
         "default reading method), 500 without; its judge: 10 (src/evaluation/evaluate_qa.py)",
     ),
     Metric(
-        "synthetic", "Synthetic (exact match)", local=lambda it, a: exact_match(it, a), needs_atomic=True,
-        reader_max_tokens=64, reader_budget_source="this project's synthetic data: atomic answers of a few tokens",
+        "synthetic",
+        "Synthetic (exact match)",
+        local=lambda it, a: exact_match(it, a),
+        needs_atomic=True,
+        reader_max_tokens=64,
+        reader_budget_source="this project's synthetic data: atomic answers of a few tokens",
     ),
-)  # fmt: skip
+)
 
 
 def exact_match(item: Any, answer: str) -> Verdict:
@@ -251,9 +264,13 @@ def token_f1_metric(m: Metric) -> Metric:
     """A judged benchmark scored by token F1 instead (protocol.judge_mode=token_f1: a box without a judge
     model). Not the report's protocol: the column says so."""
     return dataclasses.replace(
-        m, column=f"{m.column} (token F1)", judge_messages=None, parse=None, json_reply=False,
+        m,
+        column=f"{m.column} (token F1)",
+        judge_messages=None,
+        parse=None,
+        json_reply=False,
         local=lambda it, a: Verdict(token_f1(a, it.answer), "token F1"),
-    )  # fmt: skip
+    )
 
 
 def metric_for(benchmark: str) -> Metric:

@@ -112,8 +112,14 @@ def parse_reader_prompt(text: str) -> tuple[str, list[str]]:
     ValueError naming what is missing when the text is not a reader prompt."""
     m = _PROMPT_RE.search(text)
     if m is None:
-        missing = [what for what, needle in (("a 'Memory records:' block", "Memory records:\n"),
-                                             ("a 'Question:' line", "\n\nQuestion: ")) if needle not in text]  # fmt: skip
+        missing = [
+            what
+            for what, needle in (
+                ("a 'Memory records:' block", "Memory records:\n"),
+                ("a 'Question:' line", "\n\nQuestion: "),
+            )
+            if needle not in text
+        ]
         why = (
             f"it has no {' and no '.join(w[2:] for w in missing)}"
             if missing

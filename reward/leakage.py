@@ -74,17 +74,29 @@ def check(ds: BuiltDataset, reader: Any, judge: Any, reader_name: str) -> Leakag
     p_ok = [(p, a) for p, a in zip(probes, p_ans, strict=True) if not isinstance(a, Fault)]
     z = judge.score_probes([ProbeItem(p.probe_id, p.question, p.reference, p.rubric, a) for p, a in p_ok])
     q_ok = [(q, a) for q, a in zip(questions, q_ans, strict=True) if not isinstance(a, Fault)]
-    v = judge.score_questions([
-        QuestionItem(q.question_id, q.question, q.answer, [g.fact for g in q.gold_facts], q.rubric, a,
-                     gold_answers=[g.answer for g in q.gold_facts])
-        for q, a in q_ok
-    ])  # fmt: skip
+    v = judge.score_questions(
+        [
+            QuestionItem(
+                q.question_id,
+                q.question,
+                q.answer,
+                [g.fact for g in q.gold_facts],
+                q.rubric,
+                a,
+                gold_answers=[g.answer for g in q.gold_facts],
+            )
+            for q, a in q_ok
+        ]
+    )
     faults += sum(isinstance(x, Fault) for x in [*z, *v])
     leaked_p = [
         p.probe_id for (p, _), s in zip(p_ok, z, strict=True) if not isinstance(s, Fault) and s >= 0.5
     ]
-    leaked_q = [q.question_id for (q, _), s in zip(q_ok, v, strict=True)
-                if isinstance(s, OrmVerdict) and any(s.recovered_F)]  # fmt: skip
+    leaked_q = [
+        q.question_id
+        for (q, _), s in zip(q_ok, v, strict=True)
+        if isinstance(s, OrmVerdict) and any(s.recovered_F)
+    ]
     return LeakageReport(str(ds.root), reader_name, len(probes), len(questions), leaked_p, leaked_q, faults)
 
 

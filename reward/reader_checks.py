@@ -54,8 +54,12 @@ EMPTY_MAX = 0.05
 PERMUTED_MIN = 0.95
 POLLUTED_MIN = 0.95
 # check -> (threshold, how the figure must compare with it)
-CHECKS = {"gold": (GOLD_MIN, ">="), "empty": (EMPTY_MAX, "<="), "permuted": (PERMUTED_MIN, ">="),
-          "polluted": (POLLUTED_MIN, ">=")}  # fmt: skip
+CHECKS = {
+    "gold": (GOLD_MIN, ">="),
+    "empty": (EMPTY_MAX, "<="),
+    "permuted": (PERMUTED_MIN, ">="),
+    "polluted": (POLLUTED_MIN, ">="),
+}
 _PROBE_KEY_RE = re.compile(r"^What is (?P<key>.+)\?$")  # the ledger world's probe form
 
 
@@ -258,8 +262,15 @@ def reader_checks(
                         banks[name].set(records, session, c.date, c.index)
                         found = banks[name].search([p.question for p in asked])
                         for p, entries in zip(asked, found, strict=True):
-                            items.append((name, f"reader check {name} / probe {p.probe_id}", p.question,
-                                          entries, _expected(name, p)))  # fmt: skip
+                            items.append(
+                                (
+                                    name,
+                                    f"reader check {name} / probe {p.probe_id}",
+                                    p.question,
+                                    entries,
+                                    _expected(name, p),
+                                )
+                            )
         finally:
             for b in banks.values():
                 b.close()
@@ -323,9 +334,14 @@ def raise_if_failed(res: ReaderChecks) -> None:
 
 
 def preflight_to(
-    path: str | Path, datasets: dict[str, Any], reader: Reader, *, search_k: int,
-    echo: Callable[[str], None] | None = None, **kw: Any,
-) -> list[ReaderChecks]:  # fmt: skip
+    path: str | Path,
+    datasets: dict[str, Any],
+    reader: Reader,
+    *,
+    search_k: int,
+    echo: Callable[[str], None] | None = None,
+    **kw: Any,
+) -> list[ReaderChecks]:
     """The checks on every ledger-world dataset of a run (harness name -> BuiltDataset; a dataset several
     harnesses share is checked once), written to `path` (JSON), logged and passed to `echo`, then
     ReaderPreflightError if any check failed. Returns [] (and writes nothing) when no dataset is a

@@ -55,10 +55,16 @@ def model_shape() -> dict:
     expert = 3 * c.hidden_size * c.moe_intermediate_size
     experts = expert * c.num_experts * c.num_hidden_layers
     return dict(
-        total=n.total, flop_params=n.active_non_embedding, embed=c.vocab_size * c.hidden_size,
-        experts=experts, E=c.num_experts, k=c.num_experts_per_tok, L=c.num_hidden_layers,
-        qdim=c.num_attention_heads * c.head_dim, kv_bytes=2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2,
-    )  # fmt: skip
+        total=n.total,
+        flop_params=n.active_non_embedding,
+        embed=c.vocab_size * c.hidden_size,
+        experts=experts,
+        E=c.num_experts,
+        k=c.num_experts_per_tok,
+        L=c.num_hidden_layers,
+        qdim=c.num_attention_heads * c.head_dim,
+        kv_bytes=2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2,
+    )
 
 
 def measured(rl_dir: Path, opd_dir: Path) -> dict:
@@ -139,11 +145,21 @@ def rl_step(m: dict, gpu: dict, meas: dict) -> list[tuple[str, str, float, float
     rollouts = RL_WINDOWS * RL_ROLLOUTS
     calls, per_replica, pol_gpus, pf, t_pf, step, t_dec = _rollout(m, gpu, meas, rollouts)
     rows = [
-        ("rollout prefill", f"{calls:,.0f} calls x {PROMPT:,} tok x {fwd_flops_per_token(m, PROMPT / 2) / 1e9:.1f} GFLOP "
-         f"= {pf:.3g} FLOP / ({pol_gpus} GPUs x {gpu['peak'] / 1e12:.0f} TFLOP/s x {ASSUMED_PREFILL_MFU})", t_pf, t_pf),
-        ("rollout decode", f"{CHUNKS} waves x {RESPONSE:,} steps x {1e3 * step:.1f} ms ({per_replica:.0f} seqs per replica, "
-         f"{_gb(m, per_replica)} per GPU per step: {per_replica / step:,.0f} tok/s per replica)", t_dec, t_dec),
-    ]  # fmt: skip
+        (
+            "rollout prefill",
+            f"{calls:,.0f} calls x {PROMPT:,} tok x {fwd_flops_per_token(m, PROMPT / 2) / 1e9:.1f} GFLOP "
+            f"= {pf:.3g} FLOP / ({pol_gpus} GPUs x {gpu['peak'] / 1e12:.0f} TFLOP/s x {ASSUMED_PREFILL_MFU})",
+            t_pf,
+            t_pf,
+        ),
+        (
+            "rollout decode",
+            f"{CHUNKS} waves x {RESPONSE:,} steps x {1e3 * step:.1f} ms ({per_replica:.0f} seqs per replica, "
+            f"{_gb(m, per_replica)} per GPU per step: {per_replica / step:,.0f} tok/s per replica)",
+            t_dec,
+            t_dec,
+        ),
+    ]
     for who, r in (("reader", READER_REPLY), ("judge", JUDGE_REPLY)):
         n = rollouts * CHUNKS * meas[f"{who}_per_chunk"]
         b = min(n / RJ_REPLICAS, gpu["seqs_reader"])
@@ -152,13 +168,26 @@ def rl_step(m: dict, gpu: dict, meas: dict) -> list[tuple[str, str, float, float
             f = n * p * fwd_flops_per_token(m, p / 2)
             t_p = f / (RJ_REPLICAS * RJ_TP * gpu["peak"] * ASSUMED_PREFILL_MFU)
             ts.append(t_p + math.ceil(n / RJ_REPLICAS / b) * r * decode_step_s(m, gpu, b, p + r / 2, RJ_TP))
-        rows.append((f"reward: {who}", f"{n:,.0f} calls x {ASSUMED_RJ_PROMPT:,}-{RJ_MAX_PROMPT:,} tok prefill on "
-                     f"{RJ_REPLICAS * RJ_TP} GPUs + <= {r} decode steps per wave of {b:.0f}", *ts))  # fmt: skip
+        rows.append(
+            (
+                f"reward: {who}",
+                f"{n:,.0f} calls x {ASSUMED_RJ_PROMPT:,}-{RJ_MAX_PROMPT:,} tok prefill on "
+                f"{RJ_REPLICAS * RJ_TP} GPUs + <= {r} decode steps per wave of {b:.0f}",
+                *ts,
+            )
+        )
     tok = calls * (PROMPT + RESPONSE)
     tf = tok * 3 * fwd_flops_per_token(m, (PROMPT + RESPONSE) / 2)
     lo, hi = (tf / (TRAIN_GPUS * gpu["peak"] * mfu) for mfu in reversed(ASSUMED_TRAIN_MFU))
-    rows.append(("train", f"{tok / 1e6:.1f}M tok x {tf / tok / 1e9:.1f} GFLOP = {tf:.3g} FLOP / ({TRAIN_GPUS} GPUs x "
-                 f"{gpu['peak'] / 1e12:.0f} TFLOP/s x MFU {ASSUMED_TRAIN_MFU[1]}-{ASSUMED_TRAIN_MFU[0]})", lo, hi))  # fmt: skip
+    rows.append(
+        (
+            "train",
+            f"{tok / 1e6:.1f}M tok x {tf / tok / 1e9:.1f} GFLOP = {tf:.3g} FLOP / ({TRAIN_GPUS} GPUs x "
+            f"{gpu['peak'] / 1e12:.0f} TFLOP/s x MFU {ASSUMED_TRAIN_MFU[1]}-{ASSUMED_TRAIN_MFU[0]})",
+            lo,
+            hi,
+        )
+    )
     rows.append(("sync", f"{m['total'] * 2 / 1e9:.1f} GB bf16; verl's measured 30B-A3B sync", *SYNC_S))
     return rows
 
@@ -172,13 +201,33 @@ def opd_step(m: dict, gpu: dict, meas: dict) -> list[tuple[str, str, float, floa
     tf = 3 * tt
     lo, hi = (tf / (TRAIN_GPUS * gpu["peak"] * mfu) for mfu in reversed(ASSUMED_TRAIN_MFU))
     return [
-        ("rollout prefill", f"{calls:,.0f} calls x {PROMPT:,} tok = {pf:.3g} FLOP / ({pol_gpus} GPUs x MFU {ASSUMED_PREFILL_MFU})", t_pf, t_pf),
-        ("rollout decode", f"{CHUNKS} waves x {RESPONSE:,} steps x {1e3 * step:.1f} ms ({per_replica:.0f} seqs per replica, "
-         f"{_gb(m, per_replica)} per GPU per step)", t_dec, t_dec),
-        ("teacher top-50", f"{tok / 1e6:.1f}M tok prefill = {tt:.3g} FLOP / ({TEACHER_GPUS} GPUs x MFU {ASSUMED_PREFILL_MFU})", t_teacher, t_teacher),
-        ("train", f"{tok / 1e6:.1f}M tok = {tf:.3g} FLOP / ({TRAIN_GPUS} GPUs x MFU {ASSUMED_TRAIN_MFU[1]}-{ASSUMED_TRAIN_MFU[0]})", lo, hi),
+        (
+            "rollout prefill",
+            f"{calls:,.0f} calls x {PROMPT:,} tok = {pf:.3g} FLOP / ({pol_gpus} GPUs x MFU {ASSUMED_PREFILL_MFU})",
+            t_pf,
+            t_pf,
+        ),
+        (
+            "rollout decode",
+            f"{CHUNKS} waves x {RESPONSE:,} steps x {1e3 * step:.1f} ms ({per_replica:.0f} seqs per replica, "
+            f"{_gb(m, per_replica)} per GPU per step)",
+            t_dec,
+            t_dec,
+        ),
+        (
+            "teacher top-50",
+            f"{tok / 1e6:.1f}M tok prefill = {tt:.3g} FLOP / ({TEACHER_GPUS} GPUs x MFU {ASSUMED_PREFILL_MFU})",
+            t_teacher,
+            t_teacher,
+        ),
+        (
+            "train",
+            f"{tok / 1e6:.1f}M tok = {tf:.3g} FLOP / ({TRAIN_GPUS} GPUs x MFU {ASSUMED_TRAIN_MFU[1]}-{ASSUMED_TRAIN_MFU[0]})",
+            lo,
+            hi,
+        ),
         ("sync", "verl's measured 30B-A3B sync", *SYNC_S),
-    ]  # fmt: skip
+    ]
 
 
 def as_shipped_decode(m: dict, gpu: dict, meas: dict, rollouts: int) -> tuple[float, str]:
@@ -203,14 +252,19 @@ def levers(m: dict, gpu: dict, meas: dict, rows: list) -> str:
     fp8 = dec * decode_step_s(m, gpu, b, ctx, POLICY_TP, 0.5) / decode_step_s(m, gpu, b, ctx, POLICY_TP)
     gen = [sum(by[k][i] for k in by if k.startswith(("rollout", "reward"))) for i in (2, 3)]
     upd = [by["train"][i] + by["sync"][i] for i in (2, 3)]
-    return "\n".join([
-        f"- as shipped (gateway.max_batch_size {GATEWAY_MAX_BATCH}, blocking batcher): {lo - dec + shipped:,.0f}-"
-        f"{hi - dec + shipped:,.0f} s (rollout decode {shipped:,.0f} s instead of {dec:,.0f} s)",
-        f"- FP8 KV cache (ASSUMED: KV bytes halved, same bandwidth fraction): decode {fp8:,.0f} s, step "
-        f"{lo - dec + fp8:,.0f}-{hi - dec + fp8:,.0f} s",
-        f"- one-step off-policy overlap (rollout + reward of step k+1 during train + sync of step k): "
-        f"{max(gen[0], upd[0]):,.0f}-{max(gen[1], upd[1]):,.0f} s",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                f"- as shipped (gateway.max_batch_size {GATEWAY_MAX_BATCH}, blocking batcher): {lo - dec + shipped:,.0f}-"
+                f"{hi - dec + shipped:,.0f} s (rollout decode {shipped:,.0f} s instead of {dec:,.0f} s)",
+                f"- FP8 KV cache (ASSUMED: KV bytes halved, same bandwidth fraction): decode {fp8:,.0f} s, step "
+                f"{lo - dec + fp8:,.0f}-{hi - dec + fp8:,.0f} s",
+                f"- one-step off-policy overlap (rollout + reward of step k+1 during train + sync of step k): "
+                f"{max(gen[0], upd[0]):,.0f}-{max(gen[1], upd[1]):,.0f} s",
+            ]
+        )
+        + "\n"
+    )
 
 
 def table(title: str, rows: list, total_extra: str = "") -> str:
@@ -232,8 +286,10 @@ if __name__ == "__main__":
     m = model_shape()
     meas = measured(args.rl, args.opd)
     print("MEASURED:", json.dumps(meas, indent=1))
-    print(f"MODEL: total {m['total'] / 1e9:.2f}B, FLOP-bearing active {m['flop_params'] / 1e9:.2f}B, "
-          f"experts {m['experts'] / 1e9:.2f}B, KV {m['kv_bytes']} B/token (all GPUs)\n")  # fmt: skip
+    print(
+        f"MODEL: total {m['total'] / 1e9:.2f}B, FLOP-bearing active {m['flop_params'] / 1e9:.2f}B, "
+        f"experts {m['experts'] / 1e9:.2f}B, KV {m['kv_bytes']} B/token (all GPUs)\n"
+    )
     for name, gpu in GPUS.items():
         rl = rl_step(m, gpu, meas["rl"])
         print(table(f"RL step, {name}", rl))
@@ -249,5 +305,7 @@ if __name__ == "__main__":
         print(f"375 OPD steps: {375 * lo / 3600:.1f}-{375 * hi / 3600:.1f} h")
         t, how = as_shipped_decode(m, gpu, meas["opd"], OPD_ROWS * OPD_ROLLOUTS)
         dec = opd[1][2]
-        print(f"as shipped: OPD rollout decode {how} = {t:,.0f} s; 375 steps "
-              f"{375 * (lo - dec + t) / 3600:.1f}-{375 * (hi - dec + t) / 3600:.1f} h\n")  # fmt: skip
+        print(
+            f"as shipped: OPD rollout decode {how} = {t:,.0f} s; 375 steps "
+            f"{375 * (lo - dec + t) / 3600:.1f}-{375 * (hi - dec + t) / 3600:.1f} h\n"
+        )

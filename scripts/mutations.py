@@ -178,7 +178,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(  # silent failure request-straddles-sync: a segment stamped with the engine's version after the fact
         "segment_version_from_engine_attribute",
         "hymem_train/gateway/server.py",
-        "policy_version=out.policy_version if out.policy_version is not None else self.engine.policy_version,",
+        "policy_version=out.policy_version\n            if out.policy_version is not None\n            else self.engine.policy_version,",
         "policy_version=self.engine.policy_version,",
         ("tests/gateway/test_continuous.py::test_a_segment_carries_the_version_its_engine_stamped",),
     ),
@@ -236,8 +236,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(  # a writer's failures dropped from its mean again (a writer that breaks on hard items gains)
         "eval_writer_failures_dropped",
         "hymem_train/evaluation/report.py",
-        "or failure_class(per_writer[w][i]) == PLATFORM}",
-        "or failure_class(per_writer[w][i]) is not None}",
+        "or failure_class(per_writer[w][i]) == PLATFORM\n",
+        "or failure_class(per_writer[w][i]) is not None\n",
         (
             "tests/evaluation/test_report.py::"
             "test_writer_failures_score_zero_and_platform_failures_drop_the_item_for_every_writer",

@@ -29,9 +29,15 @@ def main(argv: list[str]) -> int:
         override, argv = failing_override(argv[1]), argv[2:]
     with StandInServer(annotator_responder(override)) as srv:
         return build_main(
-            [*argv, "data.annotate=true", f"annotator.base_url={srv.base_url}", "annotator.model=scripted",
-             "annotator.progress=false", "annotator.num_transport_retries=0"]
-        )  # fmt: skip
+            [
+                *argv,
+                "data.annotate=true",
+                f"annotator.base_url={srv.base_url}",
+                "annotator.model=scripted",
+                "annotator.progress=false",
+                "annotator.num_transport_retries=0",
+            ]
+        )
 
 
 if __name__ == "__main__":

@@ -165,9 +165,10 @@ def test_hymem_train_modules_import_only_their_layer_and_below():
     bad = [
         f"{i.path}:{i.line}: {i.text}  ({_part(i.importer)} may not import {_part(i.target)})"
         for i in IMPORTS
-        if _top(i.importer) == _top(i.target) == "hymem_train" and not i.type_checking
+        if _top(i.importer) == _top(i.target) == "hymem_train"
+        and not i.type_checking
         and HYMEM_RANK[_part(i.target)] > HYMEM_RANK[_part(i.importer)]
-    ]  # fmt: skip
+    ]
     assert not bad, (
         "imports against hymem_train's layers (tests/test_layering.py HYMEM_LAYERS):\n" + "\n".join(bad)
     )

@@ -49,8 +49,9 @@ TICKET_RE = re.compile(r"\b[Ii]ssue (?:#?\d+|:)")
 def outside_references(root: Path) -> list[str]:
     import subprocess
 
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
-                           text=True, check=True).stdout.split()  # fmt: skip
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
     bad = []
     for rel in files:
         p = root / rel

@@ -53,9 +53,8 @@ def test_stage_passes_the_resolved_config_and_resume_to_the_logger():
     # test_observability_cli.py); read the call rather than start Ray and DeepSpeed here
     tree = ast.parse((ROOT / "hymem_train" / "stage.py").read_text())
     (call,) = [
-        n for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "MetricsLogger"
-    ]  # fmt: skip
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "MetricsLogger"
+    ]
     kw = {k.arg: ast.unparse(k.value) for k in call.keywords}
     assert kw == {"config": "dataclasses.asdict(cfg)", "resume": "start_step > 0"}
 

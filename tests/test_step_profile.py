@@ -24,25 +24,65 @@ from reward.harness_rewards import reduce_group_metrics
 # had its own counters, and evaluated: occupancy is derived from the cumulative mean, gateway counts
 # include the evaluation. Step 2: today's metrics, with the wall clock.
 ROWS = [
-    {"step": 0, "eval/s": 0.3, "gateway/requests_ok": 10.0, "gateway/prompt_tokens": 1000.0,
-     "gateway/completion_tokens": 100.0, "gateway/mean_batch_size": 2.5},
-    {"step": 1, "perf/time_rollout_s": 6.0, "perf/time_reward_s": 3.0, "perf/time_train_s": 0.5,
-     "perf/time_sync_s": 0.5, "perf/time_eval_s": 10.0, "perf/time_step_s": 20.0,
-     "gateway/requests_ok": 20.0, "gateway/prompt_tokens": 2000.0, "gateway/completion_tokens": 300.0,
-     "gateway/mean_batch_size": 3.0, "reward/reader_calls": 40.0, "reward/judge_calls": 38.0,
-     "train/num_loss_tokens": 300.0, "perf/tokens_per_s": 1000.0, "perf/step_seconds": 0.46,
-     "perf/weight_sync_mib": 3.0, "perf/weight_sync_seconds": 0.4},
-    {"step": 2, "perf/time_rollout_s": 4.0, "perf/time_reward_s": 2.0, "perf/time_train_s": 1.0,
-     "perf/time_sync_s": 1.0, "perf/time_checkpoint_s": 0.5, "perf/time_step_s": 8.5,
-     "perf/time_wall_s": 10.0, "gateway/requests_ok": 16.0, "gateway/prompt_tokens": 1600.0,
-     "gateway/completion_tokens": 160.0, "gateway/mean_batch_size": 3.2, "rollout/llm_calls": 16.0,
-     "rollout/prompt_tokens": 1600.0, "rollout/completion_tokens": 160.0, "rollout/engine_batches": 4.0,
-     "rollout/mean_batch_size": 4.0, "reward/reader_calls": 20.0, "reward/judge_calls": 20.0,
-     "reward/reader_prompt_tokens": 900.0, "reward/reader_completion_tokens": 100.0,
-     "reward/judge_prompt_tokens": 500.0, "reward/judge_completion_tokens": 50.0,
-     "train/num_loss_tokens": 160.0, "perf/tokens_per_s": 2000.0, "perf/step_seconds": 0.88,
-     "perf/weight_sync_mib": 3.0, "perf/weight_sync_seconds": 0.9},
-]  # fmt: skip
+    {
+        "step": 0,
+        "eval/s": 0.3,
+        "gateway/requests_ok": 10.0,
+        "gateway/prompt_tokens": 1000.0,
+        "gateway/completion_tokens": 100.0,
+        "gateway/mean_batch_size": 2.5,
+    },
+    {
+        "step": 1,
+        "perf/time_rollout_s": 6.0,
+        "perf/time_reward_s": 3.0,
+        "perf/time_train_s": 0.5,
+        "perf/time_sync_s": 0.5,
+        "perf/time_eval_s": 10.0,
+        "perf/time_step_s": 20.0,
+        "gateway/requests_ok": 20.0,
+        "gateway/prompt_tokens": 2000.0,
+        "gateway/completion_tokens": 300.0,
+        "gateway/mean_batch_size": 3.0,
+        "reward/reader_calls": 40.0,
+        "reward/judge_calls": 38.0,
+        "train/num_loss_tokens": 300.0,
+        "perf/tokens_per_s": 1000.0,
+        "perf/step_seconds": 0.46,
+        "perf/weight_sync_mib": 3.0,
+        "perf/weight_sync_seconds": 0.4,
+    },
+    {
+        "step": 2,
+        "perf/time_rollout_s": 4.0,
+        "perf/time_reward_s": 2.0,
+        "perf/time_train_s": 1.0,
+        "perf/time_sync_s": 1.0,
+        "perf/time_checkpoint_s": 0.5,
+        "perf/time_step_s": 8.5,
+        "perf/time_wall_s": 10.0,
+        "gateway/requests_ok": 16.0,
+        "gateway/prompt_tokens": 1600.0,
+        "gateway/completion_tokens": 160.0,
+        "gateway/mean_batch_size": 3.2,
+        "rollout/llm_calls": 16.0,
+        "rollout/prompt_tokens": 1600.0,
+        "rollout/completion_tokens": 160.0,
+        "rollout/engine_batches": 4.0,
+        "rollout/mean_batch_size": 4.0,
+        "reward/reader_calls": 20.0,
+        "reward/judge_calls": 20.0,
+        "reward/reader_prompt_tokens": 900.0,
+        "reward/reader_completion_tokens": 100.0,
+        "reward/judge_prompt_tokens": 500.0,
+        "reward/judge_completion_tokens": 50.0,
+        "train/num_loss_tokens": 160.0,
+        "perf/tokens_per_s": 2000.0,
+        "perf/step_seconds": 0.88,
+        "perf/weight_sync_mib": 3.0,
+        "perf/weight_sync_seconds": 0.9,
+    },
+]
 
 
 @pytest.fixture
@@ -99,12 +139,26 @@ def test_mean_rows_and_table(run):
 
 def test_opd_teacher_scores_every_sampled_token_and_resume_resets_the_derivation():
     rows = [
-        {"step": 1, "perf/time_rollout_s": 1.0, "perf/time_teacher_s": 1.0, "gateway/requests_ok": 8.0,
-         "gateway/prompt_tokens": 800.0, "gateway/completion_tokens": 80.0, "gateway/mean_batch_size": 2.0},
+        {
+            "step": 1,
+            "perf/time_rollout_s": 1.0,
+            "perf/time_teacher_s": 1.0,
+            "gateway/requests_ok": 8.0,
+            "gateway/prompt_tokens": 800.0,
+            "gateway/completion_tokens": 80.0,
+            "gateway/mean_batch_size": 2.0,
+        },
         # a resumed run restarts the gateway (and its counters) and logs step 1 again
-        {"step": 1, "perf/time_rollout_s": 1.0, "perf/time_teacher_s": 1.0, "gateway/requests_ok": 8.0,
-         "gateway/prompt_tokens": 800.0, "gateway/completion_tokens": 80.0, "gateway/mean_batch_size": 4.0},
-    ]  # fmt: skip
+        {
+            "step": 1,
+            "perf/time_rollout_s": 1.0,
+            "perf/time_teacher_s": 1.0,
+            "gateway/requests_ok": 8.0,
+            "gateway/prompt_tokens": 800.0,
+            "gateway/completion_tokens": 80.0,
+            "gateway/mean_batch_size": 4.0,
+        },
+    ]
     a, b = breakdown(rows)
     assert a.moved["teacher_tokens"] == 880 and a.share("teacher") == pytest.approx(0.5)
     assert a.moved["batch_occupancy"] == pytest.approx(2.0)
@@ -133,8 +187,13 @@ class FakeGateway:
     """Cumulative gateway counters, advanced by hand."""
 
     def __init__(self):
-        self.c = {"gateway/requests_ok": 0.0, "gateway/prompt_tokens": 0.0, "gateway/completion_tokens": 0.0,
-                  "gateway/engine_batches": 0.0, "gateway/batched_requests": 0.0}  # fmt: skip
+        self.c = {
+            "gateway/requests_ok": 0.0,
+            "gateway/prompt_tokens": 0.0,
+            "gateway/completion_tokens": 0.0,
+            "gateway/engine_batches": 0.0,
+            "gateway/batched_requests": 0.0,
+        }
 
     def calls(self, n, prompt, completion, batches):
         for k, v in zip(self.c, (n, prompt, completion, batches, n), strict=True):
@@ -189,9 +248,13 @@ def test_the_mean_in_flight_count_is_logged_as_it_stands_not_differenced():
 
 def test_reward_token_counters_are_summed_over_groups():
     groups = [
-        SimpleNamespace(metrics={"reward/reader_prompt_tokens": 100.0, "reward/reader_calls": 2.0, "reward/s": 0.2}),
-        SimpleNamespace(metrics={"reward/reader_prompt_tokens": 50.0, "reward/reader_calls": 1.0, "reward/s": 0.4}),
-    ]  # fmt: skip
+        SimpleNamespace(
+            metrics={"reward/reader_prompt_tokens": 100.0, "reward/reader_calls": 2.0, "reward/s": 0.2}
+        ),
+        SimpleNamespace(
+            metrics={"reward/reader_prompt_tokens": 50.0, "reward/reader_calls": 1.0, "reward/s": 0.4}
+        ),
+    ]
     m = reduce_group_metrics(groups)
     assert m["reward/reader_prompt_tokens"] == 150 and m["reward/reader_calls"] == 3
     assert m["reward/s"] == pytest.approx(0.3)  # a score stays a per-group mean

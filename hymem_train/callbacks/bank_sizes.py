@@ -22,11 +22,21 @@ class BankSizeLog(Callback):
             w = g.window
             for r in g.results:
                 rec = r.record
-                lines.append(json.dumps({
-                    "step": step, "trajectory_id": rec.trajectory_id, "harness": g.harness,
-                    "sequence_id": w.sequence_id, "window_index": w.index, "status": rec.status,
-                    "parent_size_tokens": g.parent_size, "size_tokens": [c.size_tokens for c in rec.chunks],
-                    "chunk_status": [c.status for c in rec.chunks],
-                }) + "\n")  # fmt: skip
+                lines.append(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "trajectory_id": rec.trajectory_id,
+                            "harness": g.harness,
+                            "sequence_id": w.sequence_id,
+                            "window_index": w.index,
+                            "status": rec.status,
+                            "parent_size_tokens": g.parent_size,
+                            "size_tokens": [c.size_tokens for c in rec.chunks],
+                            "chunk_status": [c.status for c in rec.chunks],
+                        }
+                    )
+                    + "\n"
+                )
         with self.path.open("a") as f:
             f.write("".join(lines))

@@ -56,30 +56,56 @@ class SwapEval(Callback):
         names = list(c.harnesses) or [next(iter(st.cfg.harnesses))]
         writer = f"step_{step}"
         mcfg = MatrixConfig(
-            writers=[WriterConfig(name=writer, base_url=st.server.base_url, model=st.cfg.gateway.served_model_name)],
-            harnesses={h: eval_decoding(st.cfg.harnesses[h]) for h in names}, data=EvalData(path=c.data or st.cfg.data.eval_path),
-            benchmarks=list(c.benchmarks), protocol=proto, subsample=c.subsample,
-            max_items_per_benchmark=c.max_items_per_benchmark, bootstrap_resamples=c.bootstrap_resamples,
+            writers=[
+                WriterConfig(name=writer, base_url=st.server.base_url, model=st.cfg.gateway.served_model_name)
+            ],
+            harnesses={h: eval_decoding(st.cfg.harnesses[h]) for h in names},
+            data=EvalData(path=c.data or st.cfg.data.eval_path),
+            benchmarks=list(c.benchmarks),
+            protocol=proto,
+            subsample=c.subsample,
+            max_items_per_benchmark=c.max_items_per_benchmark,
+            bootstrap_resamples=c.bootstrap_resamples,
             seed=st.cfg.run.seed,
-        )  # fmt: skip
+        )
         mcfg.validate()
         r = proto.reader
         search = Endpoint(r.base_url, r.api_key, r.model) if proto.search_llm == "reader" else None
         embedder = next(iter(st.bank_readers.values())).embedder
         g = st.gateway.counters
         endpoints = Endpoints(
-            {writer: StageGatewayWriter(st.gateway, st.server.base_url, st.cfg.gateway.served_model_name, step)},
-            embedder, search, proto.reader, proto.judge,
+            {
+                writer: StageGatewayWriter(
+                    st.gateway, st.server.base_url, st.cfg.gateway.served_model_name, step
+                )
+            },
+            embedder,
+            search,
+            proto.reader,
+            proto.judge,
             served={writer: lambda: g["requests_ok"] + g["bad_request"] + g["engine_error"]},
-        )  # fmt: skip
+        )
         out = st.run_dir / "swap" / f"step_{step}"
         matrix = MatrixRun(mcfg, out, endpoints, progress=False)
         records = matrix.run()
-        table = build_table(records, [writer], names, {h: held_out(mcfg.harnesses[h]) for h in names},
-                            resamples=c.bootstrap_resamples, seed=st.cfg.run.seed)  # fmt: skip
-        write_outputs(out, table, records, [f"- step {step}: the stage's policy through its gateway"],
-                      {"stats": dict(matrix.stats),
-                       "harnesses": {h: dataclasses.asdict(mcfg.harnesses[h]) for h in names}})  # fmt: skip
+        table = build_table(
+            records,
+            [writer],
+            names,
+            {h: held_out(mcfg.harnesses[h]) for h in names},
+            resamples=c.bootstrap_resamples,
+            seed=st.cfg.run.seed,
+        )
+        write_outputs(
+            out,
+            table,
+            records,
+            [f"- step {step}: the stage's policy through its gateway"],
+            {
+                "stats": dict(matrix.stats),
+                "harnesses": {h: dataclasses.asdict(mcfg.harnesses[h]) for h in names},
+            },
+        )
         for h in names:
             cell = table.harness_scores.get((writer, h))
             if cell is not None and cell.n:

@@ -45,8 +45,13 @@ class EngineReplica:
         ctx = ray.get_runtime_context()
         import os
 
-        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "max_model_len": self.engine.max_model_len, "policy_version": self.engine.policy_version}  # fmt: skip
+        return {
+            "node_id": ctx.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "max_model_len": self.engine.max_model_len,
+            "policy_version": self.engine.policy_version,
+        }
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
         return self.engine.generate(prompts, params)
@@ -204,8 +209,12 @@ class ReplicaPool:
         stats = ray.get(self._receiving)
         self._receiving = None
         self.policy_version = version
-        log.info("weight sync v%d: %d replicas, %.3f s on the slowest", version, len(stats),
-                 max(s["seconds"] for s in stats))  # fmt: skip
+        log.info(
+            "weight sync v%d: %d replicas, %.3f s on the slowest",
+            version,
+            len(stats),
+            max(s["seconds"] for s in stats),
+        )
 
     def _open_group(self) -> None:
         from hymem_train.trainer.weight_group import WeightBroadcaster, open_weight_group

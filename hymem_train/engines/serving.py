@@ -23,9 +23,16 @@ def build_served_engine(cfg: EngineConfig, model_cfg, tokenizer, *, replicas: in
 
     pl = cluster.placement
     gpus = cfg.tensor_parallel_size if cluster.num_gpus_per_node else 0
-    return ReplicaPool(cfg, model_cfg, tokenizer, replicas, cpus_per_replica=pl.cpus_per_replica,
-                       gpus_per_replica=gpus, strategy=pl.replica_strategy,
-                       weight_backend="nccl" if gpus else "gloo")  # fmt: skip
+    return ReplicaPool(
+        cfg,
+        model_cfg,
+        tokenizer,
+        replicas,
+        cpus_per_replica=pl.cpus_per_replica,
+        gpus_per_replica=gpus,
+        strategy=pl.replica_strategy,
+        weight_backend="nccl" if gpus else "gloo",
+    )
 
 
 def engine_model_cfg(
@@ -54,6 +61,12 @@ def engine_model_cfg(
             from hymem_train.trainer.export import CardInfo, _live_tensors, write_hf_dir
 
             model = load_model(model_cfg)
-            write_hf_dir(_live_tensors(model, 2**28), model.config, out, dtype=None,
-                         tokenizer=load_tokenizer_for(model_cfg), card=CardInfo(source="initial weights"))  # fmt: skip
+            write_hf_dir(
+                _live_tensors(model, 2**28),
+                model.config,
+                out,
+                dtype=None,
+                tokenizer=load_tokenizer_for(model_cfg),
+                card=CardInfo(source="initial weights"),
+            )
     return dataclasses.replace(model_cfg, path=str(out))

@@ -131,9 +131,10 @@ class WeightSyncExtension:
         intermediate size to its alignment): vLLM 0.32's reload cannot refill them."""
         inter = self.vllm_config.model_config.hf_config.moe_intermediate_size  # type: ignore[attr-defined]
         return [
-            n for n, m in self.model_runner.model.named_modules()  # type: ignore[attr-defined]
+            n
+            for n, m in self.model_runner.model.named_modules()  # type: ignore[attr-defined]
             if hasattr(m, "w13_weight") and m.w13_weight.shape[-2] != 2 * inter
-        ]  # fmt: skip
+        ]
 
     def hymem_finish_weight_update(self) -> int:
         """Finalise the reload; returns how many MoE layers had their CPU kernel layout rebuilt."""
@@ -382,8 +383,9 @@ class VLLMEngine:
             f"vLLM CPU padded the MoE intermediate size of {len(padded)} layer(s) ({padded[0]}, ...) to its kernel "
             "alignment, and vLLM 0.32's in-place reload cannot refill padded layers: weight updates are refused. "
             "Use a model whose moe_intermediate_size is a multiple of 64 (the tiny_teacher preset), or engine.kind=hf"
-            if padded else ""
-        )  # fmt: skip
+            if padded
+            else ""
+        )
 
     def _sampling(self, sp: SamplingParams, **extra: Any):
         vllm = _import_vllm()
@@ -482,9 +484,13 @@ class VLLMEngine:
             if len(s) + 1 > self.max_model_len:
                 raise ValueError(f"sequence {i}: {len(s)} tokens + 1 > max_model_len {self.max_model_len}")
         sp = vllm.SamplingParams(
-            max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False,
+            max_tokens=1,
+            temperature=0.0,
+            prompt_logprobs=k,
+            logprobs=k,
+            detokenize=False,
             output_kind=_final_only(),
-        )  # fmt: skip
+        )
         outs, _ = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
         results = []
         for seq_i, (seq, o) in enumerate(zip(sequences, outs, strict=True)):
@@ -507,9 +513,13 @@ class VLLMEngine:
         self._check_awake()
         vllm = _import_vllm()
         sp = vllm.SamplingParams(
-            max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True,
+            max_tokens=1,
+            temperature=0.0,
+            prompt_logprobs=0,
+            detokenize=False,
+            skip_reading_prefix_cache=True,
             output_kind=_final_only(),
-        )  # fmt: skip
+        )
         outs, _ = self._gated([{"prompt_token_ids": s} for s in sequences], sp)
         res = []
         for seq, o in zip(sequences, outs, strict=True):

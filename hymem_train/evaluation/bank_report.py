@@ -30,12 +30,27 @@ log = logging.getLogger(__name__)
 
 # the markdown's tables: (title, metrics)
 TABLES = (
-    ("Extraction", ["memory_recall", "target_precision", "false_memory_resistance", "restated_once",
-                    "unparsed_share", "bank_records", "bank_tokens"]),
-    ("Updates (keys that changed)", ["update_correct", "update_hallucination", "update_omission",
-                                     "update_history_lost", "history_kept"]),
-    ("Operation mix (the bank build's applied ops)", ["op_add", "op_update", "op_delete", "op_none", "op_invalid"]),
-)  # fmt: skip
+    (
+        "Extraction",
+        [
+            "memory_recall",
+            "target_precision",
+            "false_memory_resistance",
+            "restated_once",
+            "unparsed_share",
+            "bank_records",
+            "bank_tokens",
+        ],
+    ),
+    (
+        "Updates (keys that changed)",
+        ["update_correct", "update_hallucination", "update_omission", "update_history_lost", "history_kept"],
+    ),
+    (
+        "Operation mix (the bank build's applied ops)",
+        ["op_add", "op_update", "op_delete", "op_none", "op_invalid"],
+    ),
+)
 
 
 def comparison_pairs(writers: list[str]) -> list[tuple[str, str]]:
@@ -86,11 +101,15 @@ def harness_bank_metrics(matrix: MatrixRun, p: HarnessPlan, *, resamples: int, s
         "excluded_sequences": {w: sorted(v) for w, v in failed.items()},
         "writers": {w: {m: _iv(i) for m, i in boot.pooled[w].items()} for w in writers},
         "differences": [
-            {"a": a, "b": b, "metric": m, **_iv(i)} for (a, b), ms in boot.diffs.items() for m, i in ms.items()
+            {"a": a, "b": b, "metric": m, **_iv(i)}
+            for (a, b), ms in boot.diffs.items()
+            for m, i in ms.items()
         ],
-        "per_sequence": {w: {s: {m: list(c) for m, c in cs.items()} for s, cs in counts[w].items()} for w in writers},
+        "per_sequence": {
+            w: {s: {m: list(c) for m, c in cs.items()} for s, cs in counts[w].items()} for w in writers
+        },
         "_boot": boot,
-    }  # fmt: skip
+    }
 
 
 def _iv(i: Interval) -> dict[str, float | None]:
@@ -104,16 +123,22 @@ def write_bank_metrics(matrix: MatrixRun, plans: list[HarnessPlan]) -> Path | No
     picked = [p for p in plans if cfg.harnesses[p.harness].framework == "native" and ledger_sequences(p)]
     if not picked:
         return None
-    res = {p.harness: harness_bank_metrics(matrix, p, resamples=cfg.bootstrap_resamples, seed=cfg.seed)
-           for p in picked}  # fmt: skip
+    res = {
+        p.harness: harness_bank_metrics(matrix, p, resamples=cfg.bootstrap_resamples, seed=cfg.seed)
+        for p in picked
+    }
     md = to_markdown([w.name for w in cfg.writers], {h: r.pop("_boot") for h, r in res.items()}, res)
     doc = {
         "definitions": {m: {"name": n, "definition": d} for m, (n, d) in METRICS.items()},
         "pairs": "a - b: each pair of consecutive writers in config order (later - earlier), each writer - the first",
-        "bootstrap": {"resamples": cfg.bootstrap_resamples, "seed": cfg.seed, "unit": "sequence",
-                      "interval": "2.5th-97.5th percentile"},
+        "bootstrap": {
+            "resamples": cfg.bootstrap_resamples,
+            "seed": cfg.seed,
+            "unit": "sequence",
+            "interval": "2.5th-97.5th percentile",
+        },
         "harnesses": res,
-    }  # fmt: skip
+    }
     write_json_atomic(matrix.out / "bank_metrics.json", doc)
     from data_pipeline.store import atomic_write_text
 
@@ -151,8 +176,12 @@ def to_markdown(writers: list[str], boots: dict[str, BootstrapResult], res: dict
             ms = [m for m in ms if any(m in boot.pooled[w] for w in writers)]
             if not ms:
                 continue
-            L += [f"### {title}", "", "| Writer | " + " | ".join(METRICS[m][0] for m in ms) + " |",
-                  "|---" * (len(ms) + 1) + "|"]  # fmt: skip
+            L += [
+                f"### {title}",
+                "",
+                "| Writer | " + " | ".join(METRICS[m][0] for m in ms) + " |",
+                "|---" * (len(ms) + 1) + "|",
+            ]
             L += [f"| {w} | " + " | ".join(_fmt(boot.pooled[w].get(m)) for m in ms) + " |" for w in writers]
             L.append("")
         for title, ms in TABLES if boot.diffs else ():
@@ -164,8 +193,10 @@ def to_markdown(writers: list[str], boots: dict[str, BootstrapResult], res: dict
                 "",
             ]
             L += ["| a - b | " + " | ".join(METRICS[m][0] for m in ms) + " |", "|---" * (len(ms) + 1) + "|"]
-            L += [f"| {a} - {b} | " + " | ".join(_fmt(d.get(m), signed=True) for m in ms) + " |"
-                  for (a, b), d in boot.diffs.items()]  # fmt: skip
+            L += [
+                f"| {a} - {b} | " + " | ".join(_fmt(d.get(m), signed=True) for m in ms) + " |"
+                for (a, b), d in boot.diffs.items()
+            ]
             L.append("")
     L += ["## Definitions", ""] + [f"- **{n}**: {d}" for n, d in METRICS.values()]
     return "\n".join(L) + "\n"

@@ -93,8 +93,12 @@ class WriterFailure(RuntimeError):
 PLATFORM, WRITER = "platform", "writer"
 # the platform's own failures: the harness, its sandbox process, its store, the network
 PLATFORM_ERRORS: tuple[type[BaseException], ...] = (
-    HarnessError, OSError, sqlite3.Error, subprocess.SubprocessError, httpx.TransportError,
-)  # fmt: skip
+    HarnessError,
+    OSError,
+    sqlite3.Error,
+    subprocess.SubprocessError,
+    httpx.TransportError,
+)
 
 
 @dataclass
@@ -240,9 +244,16 @@ class Unit:
 
 
 def build_bank(
-    unit: Unit, chunks: list[Any], hcfg: HarnessConfig, writer: Any, embedder: Endpoint | None,
-    *, retries: int, kill: bool = False, counters: Counter | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    unit: Unit,
+    chunks: list[Any],
+    hcfg: HarnessConfig,
+    writer: Any,
+    embedder: Endpoint | None,
+    *,
+    retries: int,
+    kill: bool = False,
+    counters: Counter | None = None,
+) -> dict[str, Any]:
     """The unit's bank from empty, chunk by chunk; resumes from the last committed chunk."""
     done = unit.dir / "build.json"
     if done.exists():
@@ -267,9 +278,11 @@ def build_bank(
             for chunk in chunks[start:]:
                 writer.chunk(unit, chunk.index)
                 res = harness.write_chunk(
-                    chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id,
-                    iso_date(chunk.date), chunk_index=chunk.index,
-                )  # fmt: skip
+                    chunk_messages(chunk),
+                    chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id,
+                    iso_date(chunk.date),
+                    chunk_index=chunk.index,
+                )
                 if counters is not None:
                     counters["write_calls"] += res.num_llm_calls
                 if res.status is WriteStatus.PLATFORM_ERROR:
@@ -282,10 +295,14 @@ def build_bank(
             harness.close()
             statuses = Counter(w["status"] for w in writes)
             out = {
-                "status": "ok", "chunks": len(writes), "seconds": time.perf_counter() - t0,
-                "llm_calls": sum(w["num_llm_calls"] for w in writes), "write_statuses": dict(statuses),
-                "attempts": attempt + 1, "ops": op_counts(writes),
-            }  # fmt: skip
+                "status": "ok",
+                "chunks": len(writes),
+                "seconds": time.perf_counter() - t0,
+                "llm_calls": sum(w["num_llm_calls"] for w in writes),
+                "write_statuses": dict(statuses),
+                "attempts": attempt + 1,
+                "ops": op_counts(writes),
+            }
             write_json_atomic(done, out)
             shutil.rmtree(ckpt, ignore_errors=True)
             return out
@@ -300,8 +317,13 @@ def build_bank(
             stop.set()
             release_harness(harness)
             writer.end(unit)
-    out = {"status": "failed", "error": error, "failure_class": cls, "seconds": time.perf_counter() - t0,
-           "attempts": attempt + 1}  # fmt: skip
+    out = {
+        "status": "failed",
+        "error": error,
+        "failure_class": cls,
+        "seconds": time.perf_counter() - t0,
+        "attempts": attempt + 1,
+    }
     write_json_atomic(done, out)
     return out
 
@@ -327,8 +349,15 @@ def build_empty_bank(unit: Unit, hcfg: HarnessConfig, embedder: Endpoint | None)
         h.close()  # an error here is the build's: it propagates
     finally:
         release_harness(h)
-    out = {"status": "ok", "chunks": 0, "seconds": time.perf_counter() - t0, "llm_calls": 0, "write_statuses": {},
-           "attempts": 1, "ops": op_counts([])}  # fmt: skip
+    out = {
+        "status": "ok",
+        "chunks": 0,
+        "seconds": time.perf_counter() - t0,
+        "llm_calls": 0,
+        "write_statuses": {},
+        "attempts": 1,
+        "ops": op_counts([]),
+    }
     write_json_atomic(unit.dir / "build.json", out)
     return out
 
@@ -384,16 +413,27 @@ def append_records(path: Path, records: list[dict[str, Any]]) -> None:
 def base_record(unit: Unit, pi: PlannedItem) -> dict[str, Any]:
     it = pi.item
     return {
-        "writer": unit.writer.name, "harness": unit.harness, "benchmark": it.benchmark, "metric": pi.metric.column,
-        "item_id": it.item_id, "sequence_id": it.sequence_id, "category": pi.metric.category_label(it.category),
-        "question": it.question, "reference": it.answer,
-    }  # fmt: skip
+        "writer": unit.writer.name,
+        "harness": unit.harness,
+        "benchmark": it.benchmark,
+        "metric": pi.metric.column,
+        "item_id": it.item_id,
+        "sequence_id": it.sequence_id,
+        "category": pi.metric.category_label(it.category),
+        "question": it.question,
+        "reference": it.answer,
+    }
 
 
 def answer_unit(
-    unit: Unit, build: dict[str, Any], hcfg: HarnessConfig, endpoints: Endpoints, k: int,
-    readers: dict[str, ChatClient], judges: dict[str, ChatClient],
-) -> list[dict[str, Any]]:  # fmt: skip
+    unit: Unit,
+    build: dict[str, Any],
+    hcfg: HarnessConfig,
+    endpoints: Endpoints,
+    k: int,
+    readers: dict[str, ChatClient],
+    judges: dict[str, ChatClient],
+) -> list[dict[str, Any]]:
     """Search, read and score the unit's pending items; appends them to items.jsonl and returns them."""
     path = unit.dir / "items.jsonl"
     done = read_done(path)
@@ -440,24 +480,34 @@ def answer_unit(
 
 
 def read_answers(
-    to_read: list[tuple[PlannedItem, dict[str, Any], list[Any]]], readers: dict[str, ChatClient], where: str,
-) -> list[tuple[str | Fault, str]]:  # fmt: skip
+    to_read: list[tuple[PlannedItem, dict[str, Any], list[Any]]],
+    readers: dict[str, ChatClient],
+    where: str,
+) -> list[tuple[str | Fault, str]]:
     """The fixed reader's (answer, finish_reason) per item, each benchmark under its own answer budget."""
     out: list[tuple[str | Fault, str]] = [("", "")] * len(to_read)
     by_bench: dict[str, list[int]] = {}
     for i, (pi, _, _) in enumerate(to_read):
         by_bench.setdefault(pi.item.benchmark, []).append(i)
     for bench, idx in by_bench.items():
-        reqs = [ChatRequest(to_read[i][0].metric.reader_prompt(to_read[i][0].item, to_read[i][2]), parse_answer,
-                            f"{where} {to_read[i][0].item.item_id}") for i in idx]  # fmt: skip
+        reqs = [
+            ChatRequest(
+                to_read[i][0].metric.reader_prompt(to_read[i][0].item, to_read[i][2]),
+                parse_answer,
+                f"{where} {to_read[i][0].item.item_id}",
+            )
+            for i in idx
+        ]
         for i, r in zip(idx, readers[bench].run_batch_finish(reqs), strict=True):
             out[i] = r
     return out
 
 
 def score_answers(
-    to_judge: list[tuple[PlannedItem, dict[str, Any], str]], judges: dict[str, ChatClient], where: str,
-) -> list[Verdict | Fault]:  # fmt: skip
+    to_judge: list[tuple[PlannedItem, dict[str, Any], str]],
+    judges: dict[str, ChatClient],
+    where: str,
+) -> list[Verdict | Fault]:
     out: list[Verdict | Fault | None] = [None] * len(to_judge)
     by_bench: dict[str, list[int]] = {}
     for i, (pi, _, ans) in enumerate(to_judge):
@@ -469,10 +519,14 @@ def score_answers(
     for bench, idx in by_bench.items():
         m = to_judge[idx[0]][0].metric
         reqs = [
-            ChatRequest(m.judge_messages(to_judge[i][0].item, to_judge[i][2]), m.parse,
-                        f"{where} {to_judge[i][0].item.item_id}", m.json_reply)
+            ChatRequest(
+                m.judge_messages(to_judge[i][0].item, to_judge[i][2]),
+                m.parse,
+                f"{where} {to_judge[i][0].item.item_id}",
+                m.json_reply,
+            )
             for i in idx
-        ]  # fmt: skip
+        ]
         for i, v in zip(idx, judges[bench].run_batch(reqs), strict=True):
             out[i] = v
     return out  # type: ignore[return-value]
@@ -483,8 +537,13 @@ def search_bank(
 ) -> list[Any]:
     """The harness's own retrieval on the finished bank (opened read-side, never written)."""
     bank = unit.dir / "bank"
-    h = make_harness(hcfg, endpoints.search, endpoints.embedder, sandbox_root=unit.dir,
-                     sandbox_id=f"read-{uuid.uuid4().hex[:8]}")  # fmt: skip
+    h = make_harness(
+        hcfg,
+        endpoints.search,
+        endpoints.embedder,
+        sandbox_root=unit.dir,
+        sandbox_id=f"read-{uuid.uuid4().hex[:8]}",
+    )
     try:
         try:
             h.open(bank)
@@ -562,12 +621,27 @@ class MatrixRun:
             if not chunks:
                 raise ValueError(f"{p.dataset.root}: sequence {u.sequence_id} has no chunks")
             fresh = not (u.dir / "build.json").exists()
-            res = build_bank(u, chunks, hcfg, llm, self.endpoints.embedder, retries=self.cfg.build_retries,
-                             kill=f"{p.harness}:{u.sequence_id}" in kills, counters=self.stats)  # fmt: skip
+            res = build_bank(
+                u,
+                chunks,
+                hcfg,
+                llm,
+                self.endpoints.embedder,
+                retries=self.cfg.build_retries,
+                kill=f"{p.harness}:{u.sequence_id}" in kills,
+                counters=self.stats,
+            )
             if fresh:  # recorded as it finishes: a killed run keeps the times of what it built
                 self.stats["banks_built"] += 1
-                t = {"writer": w.name, "harness": p.harness, "sequence": u.sequence_id, "seconds": res["seconds"],
-                     "chunks": res.get("chunks", 0), "status": res["status"], "attempts": res["attempts"]}  # fmt: skip
+                t = {
+                    "writer": w.name,
+                    "harness": p.harness,
+                    "sequence": u.sequence_id,
+                    "seconds": res["seconds"],
+                    "chunks": res.get("chunks", 0),
+                    "status": res["status"],
+                    "attempts": res["attempts"],
+                }
                 with self._lock:
                     self.build_times.append(t)
                     append_records(self.out / "build_times.jsonl", [t])

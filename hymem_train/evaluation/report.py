@@ -125,9 +125,16 @@ class _CellData:
 
 
 def build_table(
-    records: list[dict[str, Any]], writers: list[str], harnesses: list[str], held_out: dict[str, bool],
-    *, resamples: int = 1000, seed: int = 0, resampling: str = "clustered", compare: str | None = "cell",
-) -> MatrixTable:  # fmt: skip
+    records: list[dict[str, Any]],
+    writers: list[str],
+    harnesses: list[str],
+    held_out: dict[str, bool],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    resampling: str = "clustered",
+    compare: str | None = "cell",
+) -> MatrixTable:
     """Cells, harness scores, averages and paired writer differences with bootstrap intervals drawn as
     `resampling` says; `compare` adds the harness and Average intervals under another resampling."""
     if resampling not in RESAMPLING or compare not in (None, *RESAMPLING):
@@ -143,8 +150,12 @@ def build_table(
     for (h, m), per_writer in by.items():
         items = sorted({i for recs in per_writer.values() for i in recs})
         # a platform failure (or a missing answer) of any writer drops the item for all: pairs stay whole
-        excluded = {i for i in items for w in writers
-                    if i not in per_writer.get(w, {}) or failure_class(per_writer[w][i]) == PLATFORM}  # fmt: skip
+        excluded = {
+            i
+            for i in items
+            for w in writers
+            if i not in per_writer.get(w, {}) or failure_class(per_writer[w][i]) == PLATFORM
+        }
         kept[(h, m)] = ([i for i in items if i not in excluded], len(excluded))
         for w in writers:
             cat: dict[str, list[float]] = defaultdict(list)
@@ -163,8 +174,12 @@ def build_table(
         other = MatrixTable(writers, harnesses, held_out, dict(metrics), {}, {}, {}, {})
         odata, oC = _cell_data(by, kept, writers, RESAMPLING_UNIT[compare])
         _fill(other, odata, _replicates(odata, oC, B, np.random.default_rng(seed), compare))
-        t.compare = {"resampling": compare, "average": other.average, "harness_scores": other.harness_scores,
-                     "diffs": other.diffs}  # fmt: skip
+        t.compare = {
+            "resampling": compare,
+            "average": other.average,
+            "harness_scores": other.harness_scores,
+            "diffs": other.diffs,
+        }
     return t
 
 
@@ -174,8 +189,10 @@ def _cell_data(
     """Per cell and writer: its mean, counts, and per-unit score sums over the resampling units (a
     source sequence, or each item on its own). Returns them with the number of units."""
     key = (lambda h, m, r: cluster_of(r)) if unit == "sequence" else (lambda h, m, r: (h, m, r["item_id"]))
-    units = sorted({key(h, m, by[(h, m)][w][i]) for (h, m), (items, _) in kept.items() for w in writers
-                    for i in items}, key=str)  # fmt: skip
+    units = sorted(
+        {key(h, m, by[(h, m)][w][i]) for (h, m), (items, _) in kept.items() for w in writers for i in items},
+        key=str,
+    )
     uix = {u: j for j, u in enumerate(units)}
     data = {}
     for (h, m), (items, excluded) in kept.items():
@@ -185,10 +202,13 @@ def _cell_data(
             c = np.array([uix[key(h, m, r)] for r in recs], dtype=int)
             data[(w, h, m)] = _CellData(
                 float(s.mean() * 100) if recs else math.nan,
-                np.bincount(c, weights=s, minlength=len(units)), np.bincount(c, minlength=len(units)),
-                np.unique(c), sum(failure_class(r) == WRITER for r in recs), excluded,
+                np.bincount(c, weights=s, minlength=len(units)),
+                np.bincount(c, minlength=len(units)),
+                np.unique(c),
+                sum(failure_class(r) == WRITER for r in recs),
+                excluded,
                 sum(r.get("finish_reason") == "length" for r in recs),
-            )  # fmt: skip
+            )
     return data, len(units)
 
 
@@ -230,8 +250,9 @@ def _replicates(
 def _fill(t: MatrixTable, data: dict[tuple[str, str, str], _CellData], boots: dict) -> None:
     """Cells, harness scores, the Average and the differences, all from the same replicates."""
     for key, d in data.items():
-        t.cells[key] = Cell(d.mean, *_ci(boots[key]), int(d.counts.sum()), d.writer_failures, d.excluded,
-                            d.truncated)  # fmt: skip
+        t.cells[key] = Cell(
+            d.mean, *_ci(boots[key]), int(d.counts.sum()), d.writer_failures, d.excluded, d.truncated
+        )
     hboot: dict[tuple[str, str], np.ndarray] = {}
     for w in t.writers:
         for h in t.harnesses:
@@ -251,8 +272,16 @@ def _fill(t: MatrixTable, data: dict[tuple[str, str, str], _CellData], boots: di
     for i, a in enumerate(t.writers):
         for b in t.writers[i + 1 :]:
             cols = [("Average", aboot.get(a), aboot.get(b), t.average.get(a), t.average.get(b))]
-            cols += [(h, hboot.get((a, h)), hboot.get((b, h)), t.harness_scores.get((a, h)),
-                      t.harness_scores.get((b, h))) for h in t.harnesses]  # fmt: skip
+            cols += [
+                (
+                    h,
+                    hboot.get((a, h)),
+                    hboot.get((b, h)),
+                    t.harness_scores.get((a, h)),
+                    t.harness_scores.get((b, h)),
+                )
+                for h in t.harnesses
+            ]
             for col, ba, bb, ca, cb in cols:
                 if ba is not None and bb is not None and ca is not None and cb is not None:
                     t.diffs[(a, b, col)] = Cell(ca.mean - cb.mean, *_ci(ba - bb), min(ca.n, cb.n))
@@ -261,9 +290,14 @@ def _fill(t: MatrixTable, data: dict[tuple[str, str, str], _CellData], boots: di
 def _sum_cell(parts: list[Cell], boot: np.ndarray) -> Cell:
     """A mean over cells (equal weight, cells without items left out) with its replicates' interval."""
     vals = [c.mean for c in parts if c.n]
-    return Cell(float(np.mean(vals)) if vals else math.nan, *_ci(boot), sum(c.n for c in parts),
-                sum(c.writer_failures for c in parts), sum(c.excluded for c in parts),
-                sum(c.truncated for c in parts))  # fmt: skip
+    return Cell(
+        float(np.mean(vals)) if vals else math.nan,
+        *_ci(boot),
+        sum(c.n for c in parts),
+        sum(c.writer_failures for c in parts),
+        sum(c.excluded for c in parts),
+        sum(c.truncated for c in parts),
+    )
 
 
 class _quiet:
@@ -308,10 +342,12 @@ def to_markdown(t: MatrixTable, header: list[str]) -> str:
         ran, averaged = t.metrics.get(h, []), t.mean_metrics(h)
         report_ran = [m for m in averaged if base_metric(m) in REPORT_METRICS]
         left = [m for m in ran if m not in averaged]
-        L.append(f"Harness score of {harness_label(h, t)}: mean of {', '.join(averaged) or 'no metric'} "
-                 f"({len(report_ran)} of the report's {len(REPORT_METRICS)} metrics)"
-                 + (f"; {', '.join(left)} shown per metric, out of the means (as the report)" if left else "")
-                 + ".")  # fmt: skip
+        L.append(
+            f"Harness score of {harness_label(h, t)}: mean of {', '.join(averaged) or 'no metric'} "
+            f"({len(report_ran)} of the report's {len(REPORT_METRICS)} metrics)"
+            + (f"; {', '.join(left)} shown per metric, out of the means (as the report)" if left else "")
+            + "."
+        )
     L.append("Average: the mean of the harness scores above.")
     L.append("")
     if t.diffs:
@@ -371,10 +407,15 @@ def _comparison(t: MatrixTable) -> list[str]:
         for c in cols
         for k in (t.resampling, other["resampling"])
     ]
-    L = [f"## Intervals side by side: {t.resampling} (the table's) and {other['resampling']}", "",
-         f"{t.resampling}: {RESAMPLING_LABEL[t.resampling]}; {other['resampling']}: "
-         f"{RESAMPLING_LABEL[other['resampling']]}. Same point estimates; only the intervals differ.", "",
-         "| Row | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]  # fmt: skip
+    L = [
+        f"## Intervals side by side: {t.resampling} (the table's) and {other['resampling']}",
+        "",
+        f"{t.resampling}: {RESAMPLING_LABEL[t.resampling]}; {other['resampling']}: "
+        f"{RESAMPLING_LABEL[other['resampling']]}. Same point estimates; only the intervals differ.",
+        "",
+        "| Row | " + " | ".join(head) + " |",
+        "|---" * (len(head) + 1) + "|",
+    ]
 
     sources = ((t.average, t.harness_scores), (other["average"], other["harness_scores"]))
     for w in t.writers:
@@ -405,8 +446,20 @@ def _iv(c: Cell | None, signed: bool = False) -> str:
 def to_csv(t: MatrixTable) -> str:
     buf = io.StringIO()
     wr = csv.writer(buf)
-    wr.writerow(["writer", "harness", "metric", "mean", "ci_low", "ci_high", "n", "writer_failures", "excluded",
-                 "truncated"])  # fmt: skip
+    wr.writerow(
+        [
+            "writer",
+            "harness",
+            "metric",
+            "mean",
+            "ci_low",
+            "ci_high",
+            "n",
+            "writer_failures",
+            "excluded",
+            "truncated",
+        ]
+    )
     rows = [(w, h, m, c) for (w, h, m), c in sorted(t.cells.items())]
     rows += [(w, h, "harness_score", c) for (w, h), c in sorted(t.harness_scores.items())]
     rows += [(w, "Average", "average", c) for w, c in t.average.items()]
@@ -452,8 +505,9 @@ def to_png(t: MatrixTable, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(out: Path, t: MatrixTable, records: list[dict[str, Any]], header: list[str],
-                  extra: dict[str, Any]) -> str:  # fmt: skip
+def write_outputs(
+    out: Path, t: MatrixTable, records: list[dict[str, Any]], header: list[str], extra: dict[str, Any]
+) -> str:
     """table.md, table.csv, table.png, items.jsonl and summary.json under `out`; returns the markdown."""
     from data_pipeline.store import atomic_write_text
 

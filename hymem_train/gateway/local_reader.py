@@ -44,9 +44,16 @@ def start_instrument_server(
 
 
 def start_frozen_pool(
-    role: str, model: ModelConfig, tokenizer, *, served_model_name: str, engine_cfg: EngineConfig,
-    cluster: Any, host: str, export_dir: Path,
-) -> FrozenPool:  # fmt: skip
+    role: str,
+    model: ModelConfig,
+    tokenizer,
+    *,
+    served_model_name: str,
+    engine_cfg: EngineConfig,
+    cluster: Any,
+    host: str,
+    export_dir: Path,
+) -> FrozenPool:
     """`cluster.placement.<role>.replicas` replicas of the frozen model, of the policy's engine kind
     (vLLM on a GPU cluster, HF actors on a CPU one), each `tensor_parallel_size` GPUs, behind one
     frozen gateway in the driver that spreads each batch over them. `export_dir`: where a vLLM engine's
@@ -55,9 +62,12 @@ def start_frozen_pool(
 
     pool = getattr(cluster.placement, role)
     cfg = dataclasses.replace(
-        engine_cfg, capture_routes=False, max_model_len=pool.max_model_len,
-        tensor_parallel_size=pool.tensor_parallel_size, gpu_memory_utilization=pool.gpu_memory_utilization,
-    )  # fmt: skip
+        engine_cfg,
+        capture_routes=False,
+        max_model_len=pool.max_model_len,
+        tensor_parallel_size=pool.tensor_parallel_size,
+        gpu_memory_utilization=pool.gpu_memory_utilization,
+    )
     engine = build_served_engine(
         cfg, engine_model_cfg(cfg.kind, model, export_dir), tokenizer, replicas=pool.replicas, cluster=cluster
     )

@@ -36,9 +36,13 @@ class GatewayServer:
         self.host = bind_host(host or gateway.cfg.host)
         self.port = port or gateway.cfg.port or free_port(self.host)
         config = uvicorn.Config(
-            gateway.app, host=self.host, port=self.port, log_level="warning", access_log=False,
+            gateway.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
             timeout_keep_alive=KEEP_ALIVE_S,
-        )  # fmt: skip
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gateway-http", daemon=True)
 

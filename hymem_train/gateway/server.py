@@ -36,11 +36,35 @@ from hymem_train.segments import Segment
 log = logging.getLogger(__name__)
 
 # Request fields we accept and ignore: they do not change what the policy samples here.
-_IGNORED = {"user", "metadata", "store", "frequency_penalty", "presence_penalty", "response_format",
-            "logprobs", "top_logprobs", "parallel_tool_calls", "stream_options", "service_tier",
-            "max_completion_tokens", "tools", "tool_choice", "logit_bias"}  # fmt: skip
-_KNOWN = _IGNORED | {"model", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
-                     "stream"}  # fmt: skip
+_IGNORED = {
+    "user",
+    "metadata",
+    "store",
+    "frequency_penalty",
+    "presence_penalty",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "parallel_tool_calls",
+    "stream_options",
+    "service_tier",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "logit_bias",
+}
+_KNOWN = _IGNORED | {
+    "model",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "n",
+    "stop",
+    "stream",
+}
 
 
 class ApiError(Exception):
@@ -85,8 +109,15 @@ def _content_text(content: Any, i: int) -> str:
 class Gateway:
     """Holds the engine, tokenizer, identities and recorded segments; `app` is the FastAPI app."""
 
-    def __init__(self, engine, tokenizer, cfg: GatewayConfig | None = None, store: SegmentStore | None = None,
-                 registry: IdentityRegistry | None = None, embedder=None):  # fmt: skip
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        cfg: GatewayConfig | None = None,
+        store: SegmentStore | None = None,
+        registry: IdentityRegistry | None = None,
+        embedder=None,
+    ):
         self.cfg = cfg or GatewayConfig()
         self.engine = engine
         self.tok = tokenizer
@@ -104,9 +135,17 @@ class Gateway:
 
             embedder = MiniLMEmbedder()
         self.embedder = embedder
-        self.counters = {"requests_ok": 0, "bad_request": 0, "engine_error": 0, "prompt_tokens": 0,
-                         "completion_tokens": 0, "embedding_requests": 0, "prompt_over_cap": 0,
-                         "prompt_truncated_tokens": 0, "max_tokens_clamped": 0}  # fmt: skip
+        self.counters = {
+            "requests_ok": 0,
+            "bad_request": 0,
+            "engine_error": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "embedding_requests": 0,
+            "prompt_over_cap": 0,
+            "prompt_truncated_tokens": 0,
+            "max_tokens_clamped": 0,
+        }
         # trajectory -> the calls refused by `prompt_over_cap: drop_chunk` (the worker drains them)
         self.dropped: dict[str, list[dict[str, int]]] = {}
         self._dropped_lock = threading.Lock()
@@ -250,8 +289,12 @@ class Gateway:
             )
         model = body.get("model")
         if model != self.cfg.served_model_name:
-            raise ApiError(404, f"model {model!r} not served here; use {self.cfg.served_model_name!r}",
-                           "model_not_found", param="model")  # fmt: skip
+            raise ApiError(
+                404,
+                f"model {model!r} not served here; use {self.cfg.served_model_name!r}",
+                "model_not_found",
+                param="model",
+            )
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise ApiError(400, "messages must be a non-empty list", "invalid_messages", param="messages")
@@ -276,8 +319,12 @@ class Gateway:
         if body.get("n", 1) != 1:
             raise ApiError(400, "n must be 1: each rollout is its own trajectory", "unsupported_n", param="n")
         if body.get("stop"):
-            raise ApiError(400, "stop strings are not supported: responses must stay token-exact (EOS stops)",
-                           "unsupported_stop", param="stop")  # fmt: skip
+            raise ApiError(
+                400,
+                "stop strings are not supported: responses must stay token-exact (EOS stops)",
+                "unsupported_stop",
+                param="stop",
+            )
         try:
             max_tokens = (
                 body.get("max_tokens") or body.get("max_completion_tokens") or self.cfg.default_max_tokens
@@ -317,8 +364,12 @@ class Gateway:
         if sp.seed is None:
             # a seed fixed by (run, trajectory, chunk, call): sampling does not depend on which other
             # requests shared the batch, so a resumed run re-samples exactly what the killed one did
-            sp.seed = _stable_seed(self.cfg.seed, ident.trajectory_id, chunk_index,
-                                   self.registry.peek_call_index(ident, chunk_index))  # fmt: skip
+            sp.seed = _stable_seed(
+                self.cfg.seed,
+                ident.trajectory_id,
+                chunk_index,
+                self.registry.peek_call_index(ident, chunk_index),
+            )
         try:
             out = await self.batcher.generate(prompt_ids, sp)
         except PromptTooLongError as e:
@@ -329,12 +380,20 @@ class Gateway:
             return _error(500, f"engine error: {type(e).__name__}: {e}", "engine_error", "server_error")
         call_index = self.registry.next_call_index(ident, chunk_index)
         seg = Segment(
-            trajectory_id=ident.trajectory_id, chunk_index=chunk_index, call_index=call_index,
-            prompt_ids=prompt_ids, response_ids=out.response_ids, logprobs=out.logprobs,
-            finish_reason=out.finish_reason, routed_experts_TLK=out.routed_experts_TLE, bank_id=ident.bank_id,
-            policy_version=out.policy_version if out.policy_version is not None else self.engine.policy_version,
+            trajectory_id=ident.trajectory_id,
+            chunk_index=chunk_index,
+            call_index=call_index,
+            prompt_ids=prompt_ids,
+            response_ids=out.response_ids,
+            logprobs=out.logprobs,
+            finish_reason=out.finish_reason,
+            routed_experts_TLK=out.routed_experts_TLE,
+            bank_id=ident.bank_id,
+            policy_version=out.policy_version
+            if out.policy_version is not None
+            else self.engine.policy_version,
             meta={"prompt_truncated_tokens": n_cut} if n_cut else {},
-        )  # fmt: skip
+        )
         self.store.add(seg)
         self.counters["requests_ok"] += 1
         self.counters["prompt_tokens"] += len(prompt_ids)
@@ -361,8 +420,11 @@ class Gateway:
         """Validated request -> the exact prompt ids (chat template applied once, here), sampling
         params within the context budgets, and how many prompt tokens `truncate_left` cut."""
         messages, sp = self._parse_chat(body)
-        prompt_ids = list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                       return_dict=False))  # fmt: skip
+        prompt_ids = list(
+            self.tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
         budget = self.cfg.max_response_tokens
         if budget and sp.max_tokens > budget:
             self.counters["max_tokens_clamped"] += 1
@@ -372,22 +434,36 @@ class Gateway:
         if cap and len(prompt_ids) > cap:
             self.counters["prompt_over_cap"] += 1
             action = self.cfg.prompt_over_cap
-            log.warning("gateway/prompt_over_cap: trajectory %s chunk %d: prompt of %d tokens > "
-                        "gateway.max_prompt_tokens %d (%s)", trajectory_id, chunk_index, len(prompt_ids), cap,
-                        action)  # fmt: skip
+            log.warning(
+                "gateway/prompt_over_cap: trajectory %s chunk %d: prompt of %d tokens > "
+                "gateway.max_prompt_tokens %d (%s)",
+                trajectory_id,
+                chunk_index,
+                len(prompt_ids),
+                cap,
+                action,
+            )
             if action == "drop_chunk":
                 with self._dropped_lock:
                     self.dropped.setdefault(trajectory_id, []).append(
                         {"chunk_index": chunk_index, "prompt_tokens": len(prompt_ids)}
                     )
-                raise ApiError(400, f"prompt is {len(prompt_ids)} tokens, over gateway.max_prompt_tokens {cap} "
-                               f"(gateway.prompt_over_cap=drop_chunk)", "prompt_over_cap")  # fmt: skip
+                raise ApiError(
+                    400,
+                    f"prompt is {len(prompt_ids)} tokens, over gateway.max_prompt_tokens {cap} "
+                    f"(gateway.prompt_over_cap=drop_chunk)",
+                    "prompt_over_cap",
+                )
             n_cut = len(prompt_ids) - cap
             self.counters["prompt_truncated_tokens"] += n_cut
             prompt_ids = prompt_ids[n_cut:]
         if len(prompt_ids) + sp.max_tokens > self.engine.max_model_len:
-            raise ApiError(400, f"prompt is {len(prompt_ids)} tokens; with max_tokens {sp.max_tokens} it exceeds "
-                           f"the context of {self.engine.max_model_len}", "context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"prompt is {len(prompt_ids)} tokens; with max_tokens {sp.max_tokens} it exceeds "
+                f"the context of {self.engine.max_model_len}",
+                "context_length_exceeded",
+            )
         return prompt_ids, sp, n_cut
 
     def _completion(self, cid: str, prompt_ids: list[int], out) -> dict[str, Any]:
@@ -403,12 +479,12 @@ class Gateway:
                     "finish_reason": out.finish_reason,
                     "logprobs": None,
                 }
-            ],  # fmt: skip
+            ],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(out.response_ids),
                 "total_tokens": len(prompt_ids) + len(out.response_ids),
-            },  # fmt: skip
+            },
         }
 
     def response_text(self, out) -> str:
@@ -418,8 +494,9 @@ class Gateway:
 
     async def _embeddings(self, request: Request, claimed_trajectory: str | None):
         body = await _json_body(request)
-        self.registry.resolve(_bearer(request), claimed_trajectory, request.headers.get("x-hymem-bank"),
-                              need_chunk=False)  # fmt: skip
+        self.registry.resolve(
+            _bearer(request), claimed_trajectory, request.headers.get("x-hymem-bank"), need_chunk=False
+        )
         if self.embedder is None:
             raise ApiError(404, "this gateway serves no embeddings", "model_not_found")
         inp = body.get("input")
@@ -434,8 +511,12 @@ class Gateway:
             "text-embedding-3-small",
             "text-embedding-ada-002",
         ):
-            raise ApiError(404, f"embedding model {body.get('model')!r} not served; use {self.embedder.name!r}",
-                           "model_not_found", param="model")  # fmt: skip
+            raise ApiError(
+                404,
+                f"embedding model {body.get('model')!r} not served; use {self.embedder.name!r}",
+                "model_not_found",
+                param="model",
+            )
         import asyncio
 
         vecs = await asyncio.get_running_loop().run_in_executor(None, self.embedder.embed, texts)

@@ -123,9 +123,14 @@ class RolloutCollector:
         sw, rec = group.scheduled, group.results[rollout_index].record
         w = sw.window
         self.lineage.promote(
-            sw.lineage_id, sw.epoch, w.index, rec.final_bank_dir, rec.trajectory_id, sw.harness,
+            sw.lineage_id,
+            sw.epoch,
+            w.index,
+            rec.final_bank_dir,
+            rec.trajectory_id,
+            sw.harness,
             size_tokens=rec.chunks[-1].size_tokens or 0,
-        )  # fmt: skip
+        )
 
     def clean(self, step: int) -> None:
         if not self.keep_rollout_dirs:

@@ -106,9 +106,17 @@ class BankLineage:
             getattr(h, "shutdown", lambda: None)()
         first = entries[0] if entries else None
         b = PromotedBank(
-            sequence_id, epoch, window_index, str(dst), n, first.id if first else "", first.text if first else "", trajectory,
-            harness, size_tokens,
-        )  # fmt: skip
+            sequence_id,
+            epoch,
+            window_index,
+            str(dst),
+            n,
+            first.id if first else "",
+            first.text if first else "",
+            trajectory,
+            harness,
+            size_tokens,
+        )
         self.verify(b)  # reopen from disk before anyone relies on it
         self.banks[self.key(sequence_id, epoch, window_index)] = b
         self.root.mkdir(parents=True, exist_ok=True)

@@ -72,8 +72,11 @@ class RolloutBatches:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def timed_batch(step: int, collect_groups: Callable[[], list[WindowRollouts]],
-                score: Callable[[list[WindowRollouts]], tuple[list[Any], list[Any]]]) -> Batch:  # fmt: skip
+def timed_batch(
+    step: int,
+    collect_groups: Callable[[], list[WindowRollouts]],
+    score: Callable[[list[WindowRollouts]], tuple[list[Any], list[Any]]],
+) -> Batch:
     """A Batch from its two phases, each timed: the rollouts, then their scores and train items."""
     t0 = time.perf_counter()
     groups = collect_groups()

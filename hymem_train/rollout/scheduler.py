@@ -134,8 +134,12 @@ class WindowScheduler:
                 f"{sorted(old - new)[:5]}, units new {sorted(new - old)[:5]}; use the run's data or a new run.output_dir"
             )
         # interleaved across harnesses, so a step's windows hold the harness mix
-        return [(h, seqs[h][k]) for k in range(max(map(len, seqs.values()), default=0)) for h in harnesses
-                if k < len(seqs[h])]  # fmt: skip
+        return [
+            (h, seqs[h][k])
+            for k in range(max(map(len, seqs.values()), default=0))
+            for h in harnesses
+            if k < len(seqs[h])
+        ]
 
     def state(self) -> dict:
         """The cursor, saved inside each training checkpoint: a resumed run restores the cursor of the

@@ -165,8 +165,11 @@ class RolloutWorker:
             import ray
 
             if ray.is_initialized():
-                return {"node_id": ray.get_runtime_context().get_node_id(),
-                        "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}  # fmt: skip
+                return {
+                    "node_id": ray.get_runtime_context().get_node_id(),
+                    "node_ip": ray.util.get_node_ip_address(),
+                    "pid": os.getpid(),
+                }
         except ImportError:
             pass
         return {"node_id": "", "node_ip": socket.gethostname(), "pid": os.getpid()}
@@ -205,9 +208,11 @@ class RolloutWorker:
                     self._foreign_call(cred, tid)
                 in_write = True
                 res = harness.write_chunk(
-                    chunk_messages(chunk), chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id,
-                    iso_date(chunk.date), chunk_index=chunk.index,
-                )  # fmt: skip
+                    chunk_messages(chunk),
+                    chunk.session_ids[0] if chunk.session_ids else chunk.chunk_id,
+                    iso_date(chunk.date),
+                    chunk_index=chunk.index,
+                )
                 t_write += time.perf_counter() - t0
                 if killer is not None:
                     killer.set()
@@ -259,8 +264,11 @@ class RolloutWorker:
             log.warning(
                 "rollout %s: %d call(s) over gateway.max_prompt_tokens (first at chunk %d, %d tokens): "
                 "platform_error (gateway.prompt_over_cap=drop_chunk)",
-                tid, len(dropped), first, max(d["prompt_tokens"] for d in dropped),
-            )  # fmt: skip
+                tid,
+                len(dropped),
+                first,
+                max(d["prompt_tokens"] for d in dropped),
+            )
             status = "platform_error"
             snapshots = [
                 s

@@ -135,8 +135,10 @@ class ShardedSafetensorsWriter:
         if self._fh is not None:
             self._fh.close()
         if self._pos != len(self._queue):
-            raise ValueError(f"export: {len(self._queue) - self._pos} planned tensors never arrived "
-                             f"(first: {self._queue[self._pos][1][0]!r})")  # fmt: skip
+            raise ValueError(
+                f"export: {len(self._queue) - self._pos} planned tensors never arrived "
+                f"(first: {self._queue[self._pos][1][0]!r})"
+            )
         if len(self.shards) == 1:
             return
         index = {
@@ -240,8 +242,13 @@ def model_card(info: CardInfo, hf_config, dtype_name: str) -> str:
         "",
     ]
     if metrics:
-        lines += [f"Last held-out values in the run's metrics.jsonl (step {info.metrics_step}):", "",
-                  "| metric | value |", "|---|---|", metrics]  # fmt: skip
+        lines += [
+            f"Last held-out values in the run's metrics.jsonl (step {info.metrics_step}):",
+            "",
+            "| metric | value |",
+            "|---|---|",
+            metrics,
+        ]
     else:
         lines += ["None recorded (the run logged no `eval/*` values up to this step)."]
     lines += ["", "## Experiment config", ""]
@@ -327,9 +334,14 @@ def export_hf(trainer, model_cfg: ModelConfig, out: Path, bucket_mb: float = 256
     card = run_card_info(run_dir, trainer.step, f"{run_dir} (end of stage, trainer step {trainer.step})")
     tok = load_tokenizer_for(model_cfg) if trainer.rank == 0 else None
     write_hf_dir(
-        _live_tensors(trainer.model, int(bucket_mb * 2**20)), trainer.model.config, Path(out),
-        dtype=None, tokenizer=tok, card=card, write=trainer.rank == 0,
-    )  # fmt: skip
+        _live_tensors(trainer.model, int(bucket_mb * 2**20)),
+        trainer.model.config,
+        Path(out),
+        dtype=None,
+        tokenizer=tok,
+        card=card,
+        write=trainer.rank == 0,
+    )
 
 
 def export_checkpoint(
@@ -387,7 +399,12 @@ def export_checkpoint(
         tok_cfg = dataclasses.replace(model_cfg, path="", tokenizer_path=tok_path)
     card.served_model_name = served_model_name
     write_hf_dir(
-        tensors, hf_config, out, dtype=tdtype, tokenizer=load_tokenizer_for(tok_cfg), card=card,
+        tensors,
+        hf_config,
+        out,
+        dtype=tdtype,
+        tokenizer=load_tokenizer_for(tok_cfg),
+        card=card,
         max_shard_bytes=max_shard_bytes,
-    )  # fmt: skip
+    )
     return out

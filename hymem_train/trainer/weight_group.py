@@ -136,5 +136,9 @@ def receive_weights(group: WeightGroup, engine: Any) -> dict[str, float]:
         buckets += 1
     if hasattr(engine, "finish_sync"):  # vLLM: finalise the reload, drop the stale prefix cache, serve again
         engine.finish_sync(version)
-    return {"version": float(version), "buckets": float(buckets), "bytes": float(nbytes),
-            "seconds": time.perf_counter() - t0}  # fmt: skip
+    return {
+        "version": float(version),
+        "buckets": float(buckets),
+        "bytes": float(nbytes),
+        "seconds": time.perf_counter() - t0,
+    }

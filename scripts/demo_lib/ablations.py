@@ -167,12 +167,25 @@ def run_table(
             if a.skip_reason:
                 continue
             run_dir = out / a.name / f"seed{seed}"
-            cmd = [sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl",
-                   f"data.path={root}/data/prompts/native", "data.eval_path=''",
-                   f"init_checkpoint={_start_checkpoint(root)}", f"reader_model.path={root}/sft/final",
-                   f"run.output_dir={run_dir}", f"run.name=ablation_{a.name}_seed{seed}", f"run.seed={seed}",
-                   f"num_steps={steps}", f"save_every={steps}",
-                   "logging.wandb_mode=disabled", *growth, *a.overrides, *(extra or [])]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "hymem_train.rl",
+                "+exp=demo_rl",
+                f"data.path={root}/data/prompts/native",
+                "data.eval_path=''",
+                f"init_checkpoint={_start_checkpoint(root)}",
+                f"reader_model.path={root}/sft/final",
+                f"run.output_dir={run_dir}",
+                f"run.name=ablation_{a.name}_seed{seed}",
+                f"run.seed={seed}",
+                f"num_steps={steps}",
+                f"save_every={steps}",
+                "logging.wandb_mode=disabled",
+                *growth,
+                *a.overrides,
+                *(extra or []),
+            ]
             tasks.append((a, seed, run_dir, cmd))
 
     def one(task) -> None:
@@ -219,9 +232,12 @@ def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) ->
 
     for seed in sorted({s for a in table for s in a.runs}):
         arms = [a for a in table if seed in a.runs]
-        writers = ["{name: nothing, kind: empty}", "{name: gold, kind: gold}",
-                   f"{{name: {START}, checkpoint: '{start}'}}",
-                   *(f"{{name: {a.name}, checkpoint: '{a.runs[seed]}/final'}}" for a in arms)]  # fmt: skip
+        writers = [
+            "{name: nothing, kind: empty}",
+            "{name: gold, kind: gold}",
+            f"{{name: {START}, checkpoint: '{start}'}}",
+            *(f"{{name: {a.name}, checkpoint: '{a.runs[seed]}/final'}}" for a in arms),
+        ]
         ev = out / "eval" / f"seed{seed}"
         key = json.dumps(
             {
@@ -233,17 +249,29 @@ def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) ->
                     else ""
                     for a in arms
                 ],
-            }  # fmt: skip
+            }
         )
         doc = ev / "eval" / "bank_metrics.json"
-        if not (doc.exists() and (ev / "ablation_eval_key.json").exists()
-                and (ev / "ablation_eval_key.json").read_text() == key):  # fmt: skip
+        if not (
+            doc.exists()
+            and (ev / "ablation_eval_key.json").exists()
+            and (ev / "ablation_eval_key.json").read_text() == key
+        ):
             if ev.exists():
                 shutil.rmtree(ev)
             print(f"  evaluation, seed {seed}: {len(arms)} arms + {START} on {held}", flush=True)
-            _run(["-m", "hymem_train.evaluate", "+exp=evaluate_demo", f"writers=[{', '.join(writers)}]",
-                  f"data.path={held}", f"run.output_dir={ev}", f"++run.seed={seed}"],
-                 out / "logs" / f"evaluate_seed{seed}.log")  # fmt: skip
+            _run(
+                [
+                    "-m",
+                    "hymem_train.evaluate",
+                    "+exp=evaluate_demo",
+                    f"writers=[{', '.join(writers)}]",
+                    f"data.path={held}",
+                    f"run.output_dir={ev}",
+                    f"++run.seed={seed}",
+                ],
+                out / "logs" / f"evaluate_seed{seed}.log",
+            )
             (ev / "ablation_eval_key.json").write_text(key)
         if not doc.exists():
             raise RuntimeError(
@@ -345,8 +373,11 @@ def verdicts(table: list[Ablation]) -> list[Verdict]:
             held = "n/a"
         else:
             held = "yes" if obs == p.sign else "no"
-        out.append(Verdict(a.name, p.metric, sum(ys) / len(ys), sum(xs) / len(xs), d, h, len(common),
-                           p.sign, obs, held))  # fmt: skip
+        out.append(
+            Verdict(
+                a.name, p.metric, sum(ys) / len(ys), sum(xs) / len(xs), d, h, len(common), p.sign, obs, held
+            )
+        )
     return out
 
 
@@ -372,7 +403,7 @@ def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wa
             if wall_s is None
             else f" Wall time of the table: {wall_s / 60:.1f} min (runs: {runs_min:.1f} min; "
             "finished runs and evaluations are reused)."
-        ),  # fmt: skip
+        ),
         "",
         "| ablation | metric | baseline | ablation | ablation - baseline | seeds | predicted | observed | held |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -383,8 +414,10 @@ def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wa
             if math.isnan(v.half)
             else f"{v.diff:+.3f} [{v.diff - v.half:+.3f}, {v.diff + v.half:+.3f}]"
         )
-        lines.append(f"| {v.name} | {v.metric} | {v.base:.3f} | {v.arm:.3f} | {iv} | {v.seeds} | {v.predicted} | "
-                     f"{v.observed} | {v.held} |")  # fmt: skip
+        lines.append(
+            f"| {v.name} | {v.metric} | {v.base:.3f} | {v.arm:.3f} | {iv} | {v.seeds} | {v.predicted} | "
+            f"{v.observed} | {v.held} |"
+        )
     for a in table:
         if a.skip_reason and a.name != START:
             lines.append(f"| {a.name} | - | | | not run ({a.skip_reason}) | | | | |")

@@ -88,7 +88,9 @@ def run_gateway_demo(overrides: list[str] | None = None, num_trajectories: int =
     )
     for s in sorted(segs, key=lambda s: (s.trajectory_id, s.chunk_index, s.call_index)):
         routes = "x".join(map(str, s.routed_experts_TLK.shape)) if s.routed_experts_TLK is not None else "-"
-        print(f"{s.trajectory_id:<12} {s.chunk_index:>5} {s.call_index:>4} {len(s.prompt_ids):>6} "
-              f"{len(s.response_ids):>5} {s.finish_reason:>6} {np.mean(s.logprobs):>8.3f} {routes}")  # fmt: skip
+        print(
+            f"{s.trajectory_id:<12} {s.chunk_index:>5} {s.call_index:>4} {len(s.prompt_ids):>6} "
+            f"{len(s.response_ids):>5} {s.finish_reason:>6} {np.mean(s.logprobs):>8.3f} {routes}"
+        )
     print("gateway metrics: " + ", ".join(f"{k.split('/')[1]}={v:g}" for k, v in metrics.items()))
     return {"segments": len(segs), "metrics": metrics}

@@ -39,13 +39,20 @@ def build_data(
 ) -> Path:
     from data_pipeline.build import build, load_config
 
-    cfg = load_config([
-        f"out_dir={root}", "data.name=demo", f"data.synthetic.num_sequences={num_sequences}",
-        f"data.synthetic.unique_person_names={str(unique_names).lower()}", f"++data.synthetic.world={world}",
-        f"data.synthetic.num_chunks_per_sequence={num_chunks}", f"data.synthetic.num_chunks_per_window={window}",
-        f"data.synthetic.seed={seed}", "~data.profiles.hy_memory",
-        f"+data.profiles.native={{mode: session, max_tokens: 0, num_chunks_per_window: {window}, tokenizer_path: ''}}",
-    ])  # fmt: skip
+    cfg = load_config(
+        [
+            f"out_dir={root}",
+            "data.name=demo",
+            f"data.synthetic.num_sequences={num_sequences}",
+            f"data.synthetic.unique_person_names={str(unique_names).lower()}",
+            f"++data.synthetic.world={world}",
+            f"data.synthetic.num_chunks_per_sequence={num_chunks}",
+            f"data.synthetic.num_chunks_per_window={window}",
+            f"data.synthetic.seed={seed}",
+            "~data.profiles.hy_memory",
+            f"+data.profiles.native={{mode: session, max_tokens: 0, num_chunks_per_window: {window}, tokenizer_path: ''}}",
+        ]
+    )
     outs, _ = build(cfg)
     return outs["native"]
 
@@ -80,8 +87,14 @@ def teacher_demonstrations(ds_path: Path, out: Path, harness_cfg, flaws: dict) -
         worker = RolloutWorker({"native": harness_cfg}, srv.url, gw.admin_token)
         parents: dict[str, str] = {}
         for w in sorted(ds.windows, key=lambda w: (w.sequence_id, w.index)):
-            task = RolloutTask(w, ds.chunks_of(w), 0, "native", parents.get(w.sequence_id),
-                               str(out.parent / "oracle" / w.window_id.replace("/", "_")))  # fmt: skip
+            task = RolloutTask(
+                w,
+                ds.chunks_of(w),
+                0,
+                "native",
+                parents.get(w.sequence_id),
+                str(out.parent / "oracle" / w.window_id.replace("/", "_")),
+            )
             res = worker.run(task)
             parents[w.sequence_id] = res.record.final_bank_dir
             rows += [{"prompt_ids": s.prompt_ids, "response_ids": s.response_ids} for s in res.segments]
@@ -191,8 +204,13 @@ def run_demo(
     (root / "sft" / "teacher.jsonl").write_text("\n".join(demos + pre[:teacher_pretrain_mix]) + "\n")
     timings["demonstrations"] = time.perf_counter() - t
 
-    sft = ["num_segments_per_step=16", "trainer.gradient_checkpointing=false", "trainer.zero_stage=0",
-           f"++trainer.seed={run_seed}", f"++model.seed={run_seed}"]  # fmt: skip
+    sft = [
+        "num_segments_per_step=16",
+        "trainer.gradient_checkpointing=false",
+        "trainer.zero_stage=0",
+        f"++trainer.seed={run_seed}",
+        f"++model.seed={run_seed}",
+    ]
     print("[3/8] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
     t = time.perf_counter()
     # one epoch of copy episodes stands in for the report's pretrained LLMs; the student gets fewer steps
@@ -200,9 +218,21 @@ def run_demo(
         ("teacher", "tiny_teacher", 0),
         ("student", "tiny_student", student_pretrain_steps),
     ):
-        _run(["-m", "hymem_train.sft", f"model={model}", f"data_path={root}/pretrain/data.jsonl",
-              f"out_dir={root}/pretrain_{name}", "num_epochs=1", "trainer.lr=2e-3", f"max_steps={steps}", *sft,
-              *extra.get(f"pretrain_{name}", [])], root / "logs" / f"pretrain_{name}.log")  # fmt: skip
+        _run(
+            [
+                "-m",
+                "hymem_train.sft",
+                f"model={model}",
+                f"data_path={root}/pretrain/data.jsonl",
+                f"out_dir={root}/pretrain_{name}",
+                "num_epochs=1",
+                "trainer.lr=2e-3",
+                f"max_steps={steps}",
+                *sft,
+                *extra.get(f"pretrain_{name}", []),
+            ],
+            root / "logs" / f"pretrain_{name}.log",
+        )
     timings["pretrain"] = time.perf_counter() - t
 
     print(
@@ -210,22 +240,55 @@ def run_demo(
         flush=True,
     )
     t = time.perf_counter()
-    _run(["-m", "hymem_train.sft", f"model.path={root}/pretrain_teacher/final", f"data_path={root}/sft/teacher.jsonl",
-          f"out_dir={root}/sft", f"num_epochs={teacher_epochs}", "trainer.lr=1e-3", *sft, *extra.get("sft", [])],
-         root / "logs" / "sft_teacher.log")  # fmt: skip
+    _run(
+        [
+            "-m",
+            "hymem_train.sft",
+            f"model.path={root}/pretrain_teacher/final",
+            f"data_path={root}/sft/teacher.jsonl",
+            f"out_dir={root}/sft",
+            f"num_epochs={teacher_epochs}",
+            "trainer.lr=1e-3",
+            *sft,
+            *extra.get("sft", []),
+        ],
+        root / "logs" / "sft_teacher.log",
+    )
     # the student sees the demonstrations once, without the copy corpus: well-formed writes with mostly
     # wrong values, a weak start that leaves OPD room to move it (docs/testbed.md)
-    _run(["-m", "hymem_train.sft", "model=tiny_student", f"model.path={root}/pretrain_student/final",
-          f"data_path={root}/sft/demos.jsonl", f"out_dir={root}/student_init", "num_epochs=1", "trainer.lr=1e-3",
-          *sft, *extra.get("student", [])], root / "logs" / "sft_student.log")  # fmt: skip
+    _run(
+        [
+            "-m",
+            "hymem_train.sft",
+            "model=tiny_student",
+            f"model.path={root}/pretrain_student/final",
+            f"data_path={root}/sft/demos.jsonl",
+            f"out_dir={root}/student_init",
+            "num_epochs=1",
+            "trainer.lr=1e-3",
+            *sft,
+            *extra.get("student", []),
+        ],
+        root / "logs" / "sft_student.log",
+    )
     timings["sft"] = time.perf_counter() - t
 
     common = [f"data.path={prompts}", f"data.eval_path={held}", f"++run.seed={run_seed}"]
     print("[5/8] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
     t = time.perf_counter()
-    _run(["-m", "hymem_train.opd", "+exp=demo_opd", *common, f"teacher.path={root}/sft/final",
-          f"init_checkpoint={root}/student_init/final", f"run.output_dir={root}/opd", *extra.get("opd", [])],
-         root / "logs" / "opd.log")  # fmt: skip
+    _run(
+        [
+            "-m",
+            "hymem_train.opd",
+            "+exp=demo_opd",
+            *common,
+            f"teacher.path={root}/sft/final",
+            f"init_checkpoint={root}/student_init/final",
+            f"run.output_dir={root}/opd",
+            *extra.get("opd", []),
+        ],
+        root / "logs" / "opd.log",
+    )
     timings["opd"] = time.perf_counter() - t
 
     # The growth penalty's bounds from the OPD student's own writes, as docs/reward.md prescribes
@@ -233,20 +296,44 @@ def run_demo(
     print(f"      {counts['growth_bounds']}", flush=True)
     print("[6/8] RL: chunk-level GRPO, extractive reader (python -m hymem_train.rl +exp=demo_rl)", flush=True)
     t = time.perf_counter()
-    _run(["-m", "hymem_train.rl", "+exp=demo_rl", *common, f"init_checkpoint={root}/opd/final",
-          f"run.output_dir={root}/rl", *growth, *extra.get("rl", [])], root / "logs" / "rl.log")  # fmt: skip
+    _run(
+        [
+            "-m",
+            "hymem_train.rl",
+            "+exp=demo_rl",
+            *common,
+            f"init_checkpoint={root}/opd/final",
+            f"run.output_dir={root}/rl",
+            *growth,
+            *extra.get("rl", []),
+        ],
+        root / "logs" / "rl.log",
+    )
     timings["rl"] = time.perf_counter() - t
 
-    print("[7/8] writer-swap table and bank metrics: bounds, students, teacher (python -m hymem_train.evaluate "
-          "+exp=evaluate_demo)", flush=True)  # fmt: skip
+    print(
+        "[7/8] writer-swap table and bank metrics: bounds, students, teacher (python -m hymem_train.evaluate "
+        "+exp=evaluate_demo)",
+        flush=True,
+    )
     t = time.perf_counter()
     writers = ", ".join(
         ["{name: nothing, kind: empty}", "{name: gold, kind: gold}"]
         + [f"{{name: {n}, checkpoint: '{root}/{d}/final'}}" for n, d in DEMO_WRITERS]
     )
-    _run(["-m", "hymem_train.evaluate", "+exp=evaluate_demo", f"writers=[{writers}]", f"data.path={held}",
-          f"run.output_dir={root}/swap", f"++run.seed={run_seed}", *extra.get("eval", [])],
-         root / "logs" / "evaluate.log")  # fmt: skip
+    _run(
+        [
+            "-m",
+            "hymem_train.evaluate",
+            "+exp=evaluate_demo",
+            f"writers=[{writers}]",
+            f"data.path={held}",
+            f"run.output_dir={root}/swap",
+            f"++run.seed={run_seed}",
+            *extra.get("eval", []),
+        ],
+        root / "logs" / "evaluate.log",
+    )
     timings["evaluate"] = time.perf_counter() - t
     print("[8/8] report", flush=True)
     timings["total"] = time.perf_counter() - t0
@@ -318,9 +405,12 @@ def gain_decomposition(bank_json: Path, pairs: tuple[tuple[str, str], ...] = GAI
     diffs = {(d["a"], d["b"], d["metric"]): d for d in doc.get("differences", [])}
     if not diffs:
         return []
-    L = ["", "## Where the gain comes from (paired over held-out sequences, 95% interval; * excludes 0)",
-         "| operation class | bank metric | " + " | ".join(f"{a} - {b}" for a, b in pairs) + " |",
-         "|---|---|" + "---|" * len(pairs)]  # fmt: skip
+    L = [
+        "",
+        "## Where the gain comes from (paired over held-out sequences, 95% interval; * excludes 0)",
+        "| operation class | bank metric | " + " | ".join(f"{a} - {b}" for a, b in pairs) + " |",
+        "|---|---|" + "---|" * len(pairs),
+    ]
     for label, metric in GAIN_CLASSES:
         cells = []
         for a, b in pairs:
@@ -342,8 +432,18 @@ def paired_checks(bank_json: Path) -> list[dict]:
     for a, b, metric, why in PREDICTIONS:
         d = diffs.get((a, b, metric))
         ok = d is not None and d["lo"] is not None and d["lo"] > 0
-        out.append({"a": a, "b": b, "metric": metric, "why": why, "held": ok,
-                    **({k: d[k] for k in ("value", "lo", "hi")} if d else {"value": None, "lo": None, "hi": None})})  # fmt: skip
+        out.append(
+            {
+                "a": a,
+                "b": b,
+                "metric": metric,
+                "why": why,
+                "held": ok,
+                **(
+                    {k: d[k] for k in ("value", "lo", "hi")} if d else {"value": None, "lo": None, "hi": None}
+                ),
+            }
+        )
     return out
 
 
@@ -404,7 +504,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
             + (f"{c['value']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]" if c["value"] is not None else "n/a")
             + f" | {'yes' if c['held'] else 'no'} | {c['why']} |"
             for c in checks
-        ),  # fmt: skip
+        ),
         "",
         "## time (s)",
         ", ".join(f"{k} {v:.0f}" for k, v in timings.items()),
@@ -430,8 +530,12 @@ def bank_table(out: Path) -> list[str]:
         return []
     rows = [ln for ln in md.read_text().splitlines() if ln.startswith("|")]
     end = next((i for i, ln in enumerate(rows[2:], 2) if " - " in ln.split("|")[1]), len(rows))
-    return ["", "## Bank metrics (held-out sequences, native harness; 95% CI over sequences)", *rows[:end],
-            f"paired differences: {md}"]  # fmt: skip
+    return [
+        "",
+        "## Bank metrics (held-out sequences, native harness; 95% CI over sequences)",
+        *rows[:end],
+        f"paired differences: {md}",
+    ]
 
 
 def swap_table(out: Path) -> list[str]:
@@ -458,8 +562,12 @@ def _report_png(root: Path, opd: list[dict], rl: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(opd, "eval/reverse_kl", "OPD: held-out reverse KL"), (opd, "distill/reverse_kl_topk", "OPD: train KL (top-50)"),
-              (rl, "eval/s", "RL: held-out mean s[t]"), (rl, "reward/s", "RL: train mean s[t]")]  # fmt: skip
+    panels = [
+        (opd, "eval/reverse_kl", "OPD: held-out reverse KL"),
+        (opd, "distill/reverse_kl_topk", "OPD: train KL (top-50)"),
+        (rl, "eval/s", "RL: held-out mean s[t]"),
+        (rl, "reward/s", "RL: train mean s[t]"),
+    ]
     fig, axes = plt.subplots(2, 2, figsize=(9, 6))
     for ax, (rows, key, title) in zip(axes.flat, panels, strict=True):
         pts = [(r["step"], r[key]) for r in rows if key in r]

@@ -42,8 +42,12 @@ def test_micro_run_prints_the_mfu_line():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/bench_train_step.py"), "--micro"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"^\| grouped_mm \| off \| [\d.]+ \| [\d,]+ \|", out.stdout, re.M), out.stdout
     m = re.search(r"^MFU (\d+\.\d+) \(best: grouped_mm", out.stdout, re.M)

@@ -23,11 +23,19 @@ def test_report_placement_trains_on_the_first_nodes_and_hides_their_gpus_from_ra
     assert (split.train_nodes, split.procs_per_node, split.ray_gpus_on_train_nodes) == (8, 8, 0)
     # colocated, no separate reader/judge pools: trainer and policy share all 128 GPUs, so every node
     # trains and its Ray node offers its GPUs to the policy replicas
-    colo = check("hymem_train.rl", 16, 8, [
-        *RL, "cluster.placement.mode=colocated", "cluster.placement.train_gpus=0",
-        "cluster.placement.policy_replicas=0", "cluster.placement.reader.replicas=0",
-        "cluster.placement.judge.replicas=0",
-    ])  # fmt: skip
+    colo = check(
+        "hymem_train.rl",
+        16,
+        8,
+        [
+            *RL,
+            "cluster.placement.mode=colocated",
+            "cluster.placement.train_gpus=0",
+            "cluster.placement.policy_replicas=0",
+            "cluster.placement.reader.replicas=0",
+            "cluster.placement.judge.replicas=0",
+        ],
+    )
     assert (colo.train_nodes, colo.procs_per_node, colo.ray_gpus_on_train_nodes) == (16, 8, 8)
 
 
@@ -44,9 +52,21 @@ def test_trainer_gpus_that_do_not_fill_whole_nodes_are_refused():
 
 def test_a_bad_override_exits_2_with_the_key():
     r = subprocess.run(
-        [sys.executable, "-m", "hymem_train.launch", "check", "hymem_train.opd", "1", "0", "+exp=demo_opd",
-         "data.path=/d", "trainer.lr=fast"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hymem_train.launch",
+            "check",
+            "hymem_train.opd",
+            "1",
+            "0",
+            "+exp=demo_opd",
+            "data.path=/d",
+            "trainer.lr=fast",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "config error" in r.stderr and "trainer.lr" in r.stderr
     assert r.stdout == ""  # nothing for the job script to evaluate

@@ -193,12 +193,19 @@ def test_cli_prints_the_plan_and_exits_nonzero_on_refusal():
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "stage rl" in ok.stdout and "x 141 GB" in ok.stdout and "judge" in ok.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "hymem_train.plan", "--config-name", "opd", "+exp=hy_memory_opd",
-         "cluster.placement.train_gpus=4"],
+        [
+            sys.executable,
+            "-m",
+            "hymem_train.plan",
+            "--config-name",
+            "opd",
+            "+exp=hy_memory_opd",
+            "cluster.placement.train_gpus=4",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert bad.returncode != 0
     assert "plan refused: too little memory on a train GPU" in bad.stderr
 

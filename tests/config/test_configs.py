@@ -8,8 +8,13 @@ import pytest
 from hymem_train.config import CONFIG_DIR, ConfigError, compose, config_diff, to_typed
 from hymem_train.run_config import EvaluateConfig, ExportConfig, OpdConfig, RlConfig, ServeConfig
 
-SCHEMAS = {"serve": ServeConfig, "opd": OpdConfig, "rl": RlConfig, "evaluate": EvaluateConfig,
-           "export": ExportConfig}  # fmt: skip
+SCHEMAS = {
+    "serve": ServeConfig,
+    "opd": OpdConfig,
+    "rl": RlConfig,
+    "evaluate": EvaluateConfig,
+    "export": ExportConfig,
+}
 EXPS = sorted(Path(CONFIG_DIR, "exp").glob("*.yaml"))
 
 
@@ -34,8 +39,10 @@ def test_there_are_experiments():
     names = {p.stem for p in EXPS}
     assert {"demo_cpu", "demo_opd", "demo_rl", "hy_memory_opd", "hy_memory_rl", "data_locomo_sample"} <= names
     # one overlay per ablation the report lists as not done (reward knobs)
-    assert {f"ablation_{a}" for a in ("window_level_grpo", "broadcast_orm", "no_traps", "no_growth_penalty",
-                                      "binary_reward")} <= names  # fmt: skip
+    assert {
+        f"ablation_{a}"
+        for a in ("window_level_grpo", "broadcast_orm", "no_traps", "no_growth_penalty", "binary_reward")
+    } <= names
     assert "ablation_one_vote_loss" in names  # the loss's sequence unit
 
 

@@ -80,12 +80,18 @@ def test_replica_and_rollout_worker_knobs_are_validated(override, message):
     "override, message",
     [
         # the recomputed ratio is against the trainer's pre-update policy, not the stale one that sampled
-        ("+trainer.loss.ratio_source=recompute", r"rl\.overlap_rollout=true needs trainer\.loss\.ratio_source=rollout"),
+        (
+            "+trainer.loss.ratio_source=recompute",
+            r"rl\.overlap_rollout=true needs trainer\.loss\.ratio_source=rollout",
+        ),
         ("rollout.mode=train_only", r"rl\.overlap_rollout=true overlaps .* rollout\.mode='train_only'"),
         # a sleeping engine cannot collect the next batch while the trainer steps
-        ("++cluster.placement.mode=colocated", r"rl\.overlap_rollout=true with cluster\.placement\.mode=colocated"),
+        (
+            "++cluster.placement.mode=colocated",
+            r"rl\.overlap_rollout=true with cluster\.placement\.mode=colocated",
+        ),
     ],
-)  # fmt: skip
+)
 def test_overlapped_rollout_refuses_what_would_hide_its_lag(override, message):
     to_typed(compose("rl", ["+exp=demo_rl", "rl.overlap_rollout=true"]), RlConfig)  # the default combination
     with pytest.raises(ValueError, match=message):

@@ -25,21 +25,40 @@ CHECKED = [("reward/default.yaml", "", RewardConfig), ("data_build.yaml", "annot
 # (file, dotted key) -> why a value equal to the default is kept
 _STAGE_TESTS_AND_DEMO = "tests/stages/conftest.py and make demo (scripts/demo_lib/pipeline.py) override it"
 OVERRIDE_TARGETS = {
-    **{("reward/default.yaml", f"scoring.{k}"): "ablation knob, flipped on the command line (tests/reward)"
-       for k in ("advantage_level", "orm_mode", "use_traps", "use_growth_penalty", "score_mode")},
-    **{("reward/default.yaml", f"scoring.growth_bounds.{h}.floor_tokens"): "set by the overrides "
-       "reward.calibrate_growth prints (make demo passes them)"
-       for h in ("native", "mem0", "hy_memory", "memoryos", "everos")},
+    **{
+        ("reward/default.yaml", f"scoring.{k}"): "ablation knob, flipped on the command line (tests/reward)"
+        for k in ("advantage_level", "orm_mode", "use_traps", "use_growth_penalty", "score_mode")
+    },
+    **{
+        ("reward/default.yaml", f"scoring.growth_bounds.{h}.floor_tokens"): "set by the overrides "
+        "reward.calibrate_growth prints (make demo passes them)"
+        for h in ("native", "mem0", "hy_memory", "memoryos", "everos")
+    },
     ("reward/default.yaml", "judge.timeout_s"): "tests/stages/test_fault_injection.py overrides it",
     ("reward/default.yaml", "judge.num_retries"): "tests/stages/test_fault_injection.py overrides it",
     ("reward/default.yaml", "judge_kind"): "tests/stages/test_fault_injection.py overrides it",
     ("reward/default.yaml", "num_actors"): "tests/stages/test_ray_capacity.py, tests/reward override it",
-    **{(f"trainer/{f}.yaml", k): _STAGE_TESTS_AND_DEMO
-       for f in ("opd", "rl", "sft") for k in ("zero_stage", "gradient_checkpointing")},
-    **{("data_build.yaml", f"annotator.{k}"): "overridden on the command line (docs/data.md, tests/data_pipeline)"
-       for k in ("base_url", "model", "api_key", "num_transport_retries", "num_workers", "use_json_schema",
-                 "progress")},
-}  # fmt: skip
+    **{
+        (f"trainer/{f}.yaml", k): _STAGE_TESTS_AND_DEMO
+        for f in ("opd", "rl", "sft")
+        for k in ("zero_stage", "gradient_checkpointing")
+    },
+    **{
+        (
+            "data_build.yaml",
+            f"annotator.{k}",
+        ): "overridden on the command line (docs/data.md, tests/data_pipeline)"
+        for k in (
+            "base_url",
+            "model",
+            "api_key",
+            "num_transport_retries",
+            "num_workers",
+            "use_json_schema",
+            "progress",
+        )
+    },
+}
 
 
 def _repeated_defaults(node: Any, schema: type, prefix: str) -> list[tuple[str, Any]]:
@@ -83,8 +102,10 @@ def test_override_targets_are_still_repeated_defaults():
     for path, key, schema in CHECKED:
         node = OmegaConf.to_container(OmegaConf.load(CONFIGS / path))
         node.pop("defaults", None)
-        found |= {(path, k) for k, _ in _repeated_defaults(node[key] if key else node, schema,
-                                                          f"{key}." if key else "")}  # fmt: skip
+        found |= {
+            (path, k)
+            for k, _ in _repeated_defaults(node[key] if key else node, schema, f"{key}." if key else "")
+        }
     stale = sorted(set(OVERRIDE_TARGETS) - found)
     assert not stale, f"OVERRIDE_TARGETS entries that are not repeated defaults (drop them): {stale}"
 

@@ -198,9 +198,17 @@ def test_help_lists_config_groups_and_an_example(capsys):
 def test_all_annotation_calls_failed_refuses_to_write(tmp_path, locomo_path, capsys, caplog, mode, reason):
     small = _small_locomo(locomo_path, tmp_path / "small.json")
     with StandInServer(annotator_responder(failing_override(mode))) as srv:
-        args = ["data=locomo_sample", f"out_dir={tmp_path / 'out'}", f"data.sources=[{{kind:locomo,path:{small}}}]",
-                "data.annotate=true", f"annotator.base_url={srv.base_url}", "annotator.model=m",
-                "annotator.progress=false", "annotator.num_transport_retries=0", "+annotator.num_retries=0"]  # fmt: skip
+        args = [
+            "data=locomo_sample",
+            f"out_dir={tmp_path / 'out'}",
+            f"data.sources=[{{kind:locomo,path:{small}}}]",
+            "data.annotate=true",
+            f"annotator.base_url={srv.base_url}",
+            "annotator.model=m",
+            "annotator.progress=false",
+            "annotator.num_transport_retries=0",
+            "+annotator.num_retries=0",
+        ]
         with caplog.at_level(logging.INFO):
             assert main(args) == 2
         with pytest.raises(
@@ -222,8 +230,17 @@ def test_some_annotation_failures_counted_in_stats(tmp_path, locomo_path):
     def first_chunk_fails(which, p, attempt):
         return 400 if which == "prm" and p["chunk_index"] == 0 else None
 
-    cfg = _cfg(tmp_path, small, extra=["data.annotate=true", "annotator.model=m", "annotator.progress=false",
-                                      "annotator.base_url=http://127.0.0.1:1/v1", "annotator.num_transport_retries=0"])  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        small,
+        extra=[
+            "data.annotate=true",
+            "annotator.model=m",
+            "annotator.progress=false",
+            "annotator.base_url=http://127.0.0.1:1/v1",
+            "annotator.num_transport_retries=0",
+        ],
+    )
     with StandInServer(annotator_responder(first_chunk_fails)) as srv:
         cfg.annotator.base_url = srv.base_url
         with pytest.raises(

@@ -14,8 +14,15 @@ from data_pipeline.synthetic import SyntheticConfig, generate
 
 
 def _cfg(**kw) -> SyntheticConfig:
-    base = dict(num_sequences=24, num_chunks_per_sequence=6, num_chunks_per_window=3, world="ledger",
-                update_prob=0.6, chitchat_prob=0.5, seed=3)  # fmt: skip
+    base = dict(
+        num_sequences=24,
+        num_chunks_per_sequence=6,
+        num_chunks_per_window=3,
+        world="ledger",
+        update_prob=0.6,
+        chitchat_prob=0.5,
+        seed=3,
+    )
     return SyntheticConfig(**{**base, **kw})
 
 

@@ -87,11 +87,16 @@ def test_agent_episodes_carry_gold_by_construction(kind):
 
 
 def test_build_writes_a_working_dataset(tmp_path):
-    cfg = load_config([
-        f"out_dir={tmp_path}", "data.synthetic.num_sequences=2", "data.synthetic.num_chunks_per_sequence=4",
-        "data.synthetic.num_chunks_per_window=2", "data.profiles.hy_memory.num_chunks_per_window=2",
-        "+data.synthetic.mix={working: 1.0}",
-    ])  # fmt: skip
+    cfg = load_config(
+        [
+            f"out_dir={tmp_path}",
+            "data.synthetic.num_sequences=2",
+            "data.synthetic.num_chunks_per_sequence=4",
+            "data.synthetic.num_chunks_per_window=2",
+            "data.profiles.hy_memory.num_chunks_per_window=2",
+            "+data.synthetic.mix={working: 1.0}",
+        ]
+    )
     ds = BuiltDataset(build(cfg)[0]["hy_memory"])
     assert ds.manifest.answers_atomic and len(ds.windows) == 4
     assert {s.source for s in ds.tables["sequences"]} == {"synthetic_working"}

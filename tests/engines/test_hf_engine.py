@@ -128,8 +128,15 @@ def test_sampled_reverse_kl_is_the_mean_log_ratio_at_the_students_samples(engine
     prompt = _prompts(tok)[2]
     n = 400  # one sampled token each: every sample comes from the same distribution
     outs = engine.generate([prompt] * n, [SamplingParams(max_tokens=1, seed=s) for s in range(n)])
-    segs = [SimpleNamespace(prompt_ids=prompt, response_ids=o.response_ids, logprobs=o.logprobs,
-                            input_ids=prompt + o.response_ids) for o in outs]  # fmt: skip
+    segs = [
+        SimpleNamespace(
+            prompt_ids=prompt,
+            response_ids=o.response_ids,
+            logprobs=o.logprobs,
+            input_ids=prompt + o.response_ids,
+        )
+        for o in outs
+    ]
     m = sampled_reverse_kl(segs, teacher.token_logprobs([s.input_ids for s in segs]))
     assert m["eval/num_positions"] == n
     with torch.no_grad():

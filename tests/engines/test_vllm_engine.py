@@ -43,16 +43,27 @@ def export(model, out: Path) -> Path:
     from hymem_train.models.tokenizer import default_tokenizer
     from hymem_train.trainer.export import CardInfo, _live_tensors, write_hf_dir
 
-    write_hf_dir(_live_tensors(model, 2**26), model.config, out, dtype=torch.float32,
-                 tokenizer=default_tokenizer(), card=CardInfo())  # fmt: skip
+    write_hf_dir(
+        _live_tensors(model, 2**26),
+        model.config,
+        out,
+        dtype=torch.float32,
+        tokenizer=default_tokenizer(),
+        card=CardInfo(),
+    )
     return out
 
 
 def hf_engine(model, tok):
     from hymem_train.engines.hf import HFEngine
 
-    return HFEngine(model.to(DEVICE).eval(), [tok.eos_token_id], tok.pad_token_id, max_model_len=512,
-                    capture_routes=CAPTURE)  # fmt: skip
+    return HFEngine(
+        model.to(DEVICE).eval(),
+        [tok.eos_token_id],
+        tok.pad_token_id,
+        max_model_len=512,
+        capture_routes=CAPTURE,
+    )
 
 
 def assert_topk_matches_hf(got, hf_engine_, seq: list[int], k: int) -> None:
@@ -77,8 +88,15 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     m0, m1 = build_model(PRESET, seed=0).float(), build_model(PRESET, seed=1).float()
     tok = default_tokenizer()
-    return SimpleNamespace(root=root, dir0=export(m0, root / "m0"), m0=m0, m1=m1, tok=tok,
-                           hf0=hf_engine(m0, tok), hf1=hf_engine(m1, tok))  # fmt: skip
+    return SimpleNamespace(
+        root=root,
+        dir0=export(m0, root / "m0"),
+        m0=m0,
+        m1=m1,
+        tok=tok,
+        hf0=hf_engine(m0, tok),
+        hf1=hf_engine(m1, tok),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +105,15 @@ def engine(models):
     boundary, as they do on a cluster."""
     from hymem_train.engines.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(str(models.dir0), [models.tok.eos_token_id], max_model_len=512, dtype="float32",
-                     capture_routes=CAPTURE, enforce_eager=True, max_logprobs=64)  # fmt: skip
+    eng = VLLMEngine(
+        str(models.dir0),
+        [models.tok.eos_token_id],
+        max_model_len=512,
+        dtype="float32",
+        capture_routes=CAPTURE,
+        enforce_eager=True,
+        max_logprobs=64,
+    )
     yield eng
     eng.shutdown()
 
@@ -275,8 +300,15 @@ def test_a_checkpoint_without_vllms_keys_is_refused_with_a_clear_error(models, m
     monkeypatch.setattr(vllm_engine, "check_serving_config", lambda path: None)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     with pytest.raises(Exception, match=r"k_norm"):
-        VLLMEngine(str(noqk), [models.tok.eos_token_id], max_model_len=512, dtype="float32",
-                   capture_routes=False, enforce_eager=True, async_engine=False)  # fmt: skip
+        VLLMEngine(
+            str(noqk),
+            [models.tok.eos_token_id],
+            max_model_len=512,
+            dtype="float32",
+            capture_routes=False,
+            enforce_eager=True,
+            async_engine=False,
+        )
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="R3 capture works on GPU")
@@ -298,8 +330,15 @@ def test_weight_updates_into_padded_cpu_moe_layers_are_refused(models, tmp_path,
 
     student = build_model("tiny_student", seed=0).float()
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    eng = VLLMEngine(str(export(student, tmp_path / "student")), [models.tok.eos_token_id], max_model_len=512,
-                     dtype="float32", capture_routes=False, enforce_eager=True, async_engine=False)  # fmt: skip
+    eng = VLLMEngine(
+        str(export(student, tmp_path / "student")),
+        [models.tok.eos_token_id],
+        max_model_len=512,
+        dtype="float32",
+        capture_routes=False,
+        enforce_eager=True,
+        async_engine=False,
+    )
     try:
         p, greedy = _prompt(models.tok), SamplingParams(max_tokens=8, temperature=0)
         (v,), (h,) = eng.generate([p], [greedy]), hf_engine(student, models.tok).generate([p], [greedy])

@@ -21,12 +21,21 @@ from tests.doubles.openai_server import StandInServer
 
 
 def build_data(out: Path, world: str) -> Path:
-    outs, _ = build(load_config([
-        f"++data.synthetic.world={world}", f"out_dir={out}", "data.name=bank_metrics", "data.synthetic.num_sequences=3",
-        "data.synthetic.num_chunks_per_sequence=5", "data.synthetic.num_chunks_per_window=5",
-        "data.synthetic.seed=11", "~data.profiles.hy_memory",
-        "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 5, tokenizer_path: ''}",
-    ]))  # fmt: skip
+    outs, _ = build(
+        load_config(
+            [
+                f"++data.synthetic.world={world}",
+                f"out_dir={out}",
+                "data.name=bank_metrics",
+                "data.synthetic.num_sequences=3",
+                "data.synthetic.num_chunks_per_sequence=5",
+                "data.synthetic.num_chunks_per_window=5",
+                "data.synthetic.seed=11",
+                "~data.profiles.hy_memory",
+                "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 5, tokenizer_path: ''}",
+            ]
+        )
+    )
     return outs["native"]
 
 
@@ -50,12 +59,21 @@ def talker(body):
 
 def overrides(data, out, rd, tk):
     return [
-        "+exp=evaluate_locomo_sample", "~harnesses.mem0", "~harnesses.hy_memory",
-        "harnesses.native.in_process=true", "harnesses.native.native.max_tokens=512", f"data.per_harness.native={data}",
+        "+exp=evaluate_locomo_sample",
+        "~harnesses.mem0",
+        "~harnesses.hy_memory",
+        "harnesses.native.in_process=true",
+        "harnesses.native.native.max_tokens=512",
+        f"data.per_harness.native={data}",
         f"writers=[{{name: empty, kind: empty}}, {{name: gold, kind: gold}}, {{name: talker, base_url: '{tk.base_url}', model: talker}}]",
-        f"protocol.reader.base_url={rd.base_url}", "local_reader=false", "protocol.judge_mode=protocol",
-        "subsample=all", "bootstrap_resamples=200", "parallel_builds=1", f"run.output_dir={out}",
-    ]  # fmt: skip
+        f"protocol.reader.base_url={rd.base_url}",
+        "local_reader=false",
+        "protocol.judge_mode=protocol",
+        "subsample=all",
+        "bootstrap_resamples=200",
+        "parallel_builds=1",
+        f"run.output_dir={out}",
+    ]
 
 
 @pytest.mark.slow

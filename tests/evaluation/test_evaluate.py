@@ -71,15 +71,27 @@ def judge(body):
 def overrides(data, out, writers, rd, jd, *extra):
     ws = ",".join(f"{{name: {n}, base_url: '{s.base_url}', model: {n}}}" for n, s in writers.items())
     return [
-        "+exp=evaluate_locomo_sample", "~harnesses.mem0", "~harnesses.hy_memory",
-        "harnesses.native.in_process=true", f"data.per_harness.native={data}", f"writers=[{ws}]",
-        f"protocol.reader.base_url={rd.base_url}", f"protocol.judge.base_url={jd.base_url}",
-        "protocol.reader.num_retries=0", "protocol.judge.num_retries=1", "protocol.judge.retry_backoff_s=0",
-        "max_items_per_benchmark=6", "bootstrap_resamples=200", f"run.output_dir={out}",
+        "+exp=evaluate_locomo_sample",
+        "~harnesses.mem0",
+        "~harnesses.hy_memory",
+        "harnesses.native.in_process=true",
+        f"data.per_harness.native={data}",
+        f"writers=[{ws}]",
+        f"protocol.reader.base_url={rd.base_url}",
+        f"protocol.judge.base_url={jd.base_url}",
+        "protocol.reader.num_retries=0",
+        "protocol.judge.num_retries=1",
+        "protocol.judge.retry_backoff_s=0",
+        "max_items_per_benchmark=6",
+        "bootstrap_resamples=200",
+        f"run.output_dir={out}",
         # the exp's CPU defaults (the demo teacher as local reader, token F1) replaced by the stand-ins
-        "local_reader=false", "protocol.judge_mode=protocol", "protocol.reader_budget_cap=0", "parallel_builds=1",
+        "local_reader=false",
+        "protocol.judge_mode=protocol",
+        "protocol.reader_budget_cap=0",
+        "parallel_builds=1",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def cfg_of(args):
@@ -147,8 +159,10 @@ def test_table_two_writers_locomo_and_longmemeval(locomo, reference):
     )
     # LongMemEval was judged with its per-type prompt and 10-token budget, LoCoMo with the JSON label prompt
     bodies = jd.chat_bodies()
-    assert any("Is the model response correct? Answer yes or no only." in user_text(b) and b["max_tokens"] == 10
-               for b in bodies)  # fmt: skip
+    assert any(
+        "Is the model response correct? Answer yes or no only." in user_text(b) and b["max_tokens"] == 10
+        for b in bodies
+    )
     assert any('in a json format with the key as "label"' in user_text(b) for b in bodies)
     csv = (out / "table.csv").read_text()
     assert "copy,Average,average," in csv and "empty,native,harness_score," in csv
@@ -211,8 +225,15 @@ def test_injected_harness_crash_is_a_counted_failure_not_a_zero(locomo, servers,
     ok = evaluate(cfg_of(base), progress=False)
     seqs = sorted({r["sequence_id"] for r in ok["records"]})
     crashed = seqs[0]
-    args = overrides(locomo, tmp_path / "crash", {"copy": writers["copy"]}, rd, jd,
-                     "harnesses.native.in_process=false", f"faults.kill_sandbox=['native:{crashed}']")  # fmt: skip
+    args = overrides(
+        locomo,
+        tmp_path / "crash",
+        {"copy": writers["copy"]},
+        rd,
+        jd,
+        "harnesses.native.in_process=false",
+        f"faults.kill_sandbox=['native:{crashed}']",
+    )
     res = evaluate(cfg_of(args), progress=False)
     recs = res["records"]
     failed = [r for r in recs if "failure" in r]
@@ -260,8 +281,15 @@ def test_a_writer_that_times_out_fails_its_items_as_zeros_and_is_not_retried(loc
 
 def test_writer_that_serves_a_fixed_role_is_refused(locomo, servers, tmp_path):
     writers, rd, jd = servers
-    same = overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd,
-                     f"protocol.reader.base_url={writers['copy'].base_url}", "protocol.reader.model=copy")  # fmt: skip
+    same = overrides(
+        locomo,
+        tmp_path,
+        {"copy": writers["copy"]},
+        rd,
+        jd,
+        f"protocol.reader.base_url={writers['copy'].base_url}",
+        "protocol.reader.model=copy",
+    )
     with pytest.raises(ValueError, match="leak into a fixed role"):
         cfg_of(same).validate()
     assert not writers["copy"].requests
@@ -269,8 +297,15 @@ def test_writer_that_serves_a_fixed_role_is_refused(locomo, servers, tmp_path):
     # at run time: the reader's calls reach the writer's server under another model name
     from hymem_train.evaluation import matrix as mx
 
-    args = overrides(locomo, tmp_path / "rt", {"copy": writers["copy"]}, rd, jd,
-                     f"protocol.reader.base_url={writers['copy'].base_url}", "protocol.reader.model=reader")  # fmt: skip
+    args = overrides(
+        locomo,
+        tmp_path / "rt",
+        {"copy": writers["copy"]},
+        rd,
+        jd,
+        f"protocol.reader.base_url={writers['copy'].base_url}",
+        "protocol.reader.model=reader",
+    )
     served = lambda: len(writers["copy"].requests)  # noqa: E731
     orig = mx.MatrixRun.run
 
@@ -290,8 +325,12 @@ def test_resume_refuses_another_plan(locomo, servers, tmp_path):
     writers, rd, jd = servers
     evaluate(cfg_of(overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd)), progress=False)
     with pytest.raises(ValueError, match="plan .* differs"):
-        evaluate(cfg_of(overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd, "max_items_per_benchmark=5")),
-                 progress=False)  # fmt: skip
+        evaluate(
+            cfg_of(
+                overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd, "max_items_per_benchmark=5")
+            ),
+            progress=False,
+        )
 
 
 def test_personamem_and_memoryarena_cells(servers, tmp_path):
@@ -303,11 +342,27 @@ def test_personamem_and_memoryarena_cells(servers, tmp_path):
         f" {{kind: memoryarena_travel, path: '{fix}/memoryarena/group_travel_planner/test.jsonl', name: ''}},"
         f" {{kind: memoryarena_shopping, path: '{fix}/memoryarena/bundled_shopping/test.jsonl', name: ''}}]"
     )
-    build(load_config(["+exp=data_report_eval", f"out_dir={tmp_path / 'data'}", f"data.sources={sources}",
-                       "~data.profiles.hy_memory", "~data.profiles.memos"]))  # fmt: skip
+    build(
+        load_config(
+            [
+                "+exp=data_report_eval",
+                f"out_dir={tmp_path / 'data'}",
+                f"data.sources={sources}",
+                "~data.profiles.hy_memory",
+                "~data.profiles.memos",
+            ]
+        )
+    )
     writers, rd, jd = servers
-    args = overrides(tmp_path / "data" / "mem0", tmp_path / "run", {"copy": writers["copy"]}, rd, jd,
-                     "subsample=all", "max_items_per_benchmark=0")  # fmt: skip
+    args = overrides(
+        tmp_path / "data" / "mem0",
+        tmp_path / "run",
+        {"copy": writers["copy"]},
+        rd,
+        jd,
+        "subsample=all",
+        "max_items_per_benchmark=0",
+    )
     res = evaluate(cfg_of(args), progress=False)
     cols = res["table"].metrics["native"]
     assert cols == ["PersonaMem-v2", "Travel SPS", "Shopping PS"]  # the report's column order
@@ -337,8 +392,17 @@ def test_each_benchmark_reads_under_its_published_budget_and_cut_answers_are_cou
         f"[{{kind: personamem_v2, path: '{fix}/personamem_v2/benchmark/text/benchmark.csv', name: ''}},"
         f" {{kind: memoryarena_travel, path: '{fix}/memoryarena/group_travel_planner/test.jsonl', name: ''}}]"
     )
-    build(load_config(["+exp=data_report_eval", f"out_dir={tmp_path / 'data'}", f"data.sources={sources}",
-                       "~data.profiles.hy_memory", "~data.profiles.memos"]))  # fmt: skip
+    build(
+        load_config(
+            [
+                "+exp=data_report_eval",
+                f"out_dir={tmp_path / 'data'}",
+                f"data.sources={sources}",
+                "~data.profiles.hy_memory",
+                "~data.profiles.memos",
+            ]
+        )
+    )
     with (
         StandInServer(copy_writer) as wr,
         StandInServer(long_reader, honour_max_tokens=True) as rd,
@@ -346,8 +410,16 @@ def test_each_benchmark_reads_under_its_published_budget_and_cut_answers_are_cou
     ):
 
         def run(out, *extra):
-            args = overrides(tmp_path / "data" / "mem0", tmp_path / out, {"copy": wr}, rd, jd, "subsample=all",
-                             "max_items_per_benchmark=3", *extra)  # fmt: skip
+            args = overrides(
+                tmp_path / "data" / "mem0",
+                tmp_path / out,
+                {"copy": wr},
+                rd,
+                jd,
+                "subsample=all",
+                "max_items_per_benchmark=3",
+                *extra,
+            )
             return evaluate(cfg_of(args), progress=False)
 
         res = run("published")

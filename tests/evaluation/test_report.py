@@ -19,8 +19,14 @@ from reward.llm import ParseError
 
 def rec(w, h, m, i, score=None, fail=None, cat="1", seq=None, finish="stop"):
     """One scored item, or a failed one: fail = "writer" | "platform"."""
-    r = {"writer": w, "harness": h, "metric": m, "item_id": f"q{i}", "category": cat,
-         "sequence_id": seq or f"s{i}"}  # fmt: skip
+    r = {
+        "writer": w,
+        "harness": h,
+        "metric": m,
+        "item_id": f"q{i}",
+        "category": cat,
+        "sequence_id": seq or f"s{i}",
+    }
     if fail:
         r["failure"] = {"stage": "bank_build", "class": fail, "detail": "x"}
     else:
@@ -70,8 +76,12 @@ def _correlated(n=80, seed=0):
     (an easy conversation is easy everywhere); writer b scores a conversation's items like a does."""
     rng = np.random.default_rng(seed)
     easy = rng.random(n) < 0.5
-    return [rec(w, h, "LoCoMo Judge", f"{h}{i}", float(easy[i]), seq=f"conv{i}")
-            for w in "ab" for h in ("mem0", "hy_memory") for i in range(n)]  # fmt: skip
+    return [
+        rec(w, h, "LoCoMo Judge", f"{h}{i}", float(easy[i]), seq=f"conv{i}")
+        for w in "ab"
+        for h in ("mem0", "hy_memory")
+        for i in range(n)
+    ]
 
 
 def test_clustered_intervals_widen_where_items_are_shared_across_cells():
@@ -86,8 +96,11 @@ def test_clustered_intervals_widen_where_items_are_shared_across_cells():
     assert "Intervals side by side: clustered (the table's) and cell" in to_markdown(t, [])
     # inside one cell too: five questions asked of each conversation, answered alike, are one draw
     easy = np.random.default_rng(2).random(40) < 0.5
-    five = [rec("a", "native", "LoCoMo Judge", f"c{c}q{q}", float(easy[c]), seq=f"conv{c}")
-            for c in range(40) for q in range(5)]  # fmt: skip
+    five = [
+        rec("a", "native", "LoCoMo Judge", f"c{c}q{q}", float(easy[c]), seq=f"conv{c}")
+        for c in range(40)
+        for q in range(5)
+    ]
     one = build_table(five, ["a"], ["native"], {}, resamples=2000)
     ratio = (one.average["a"].hi - one.average["a"].lo) / (
         one.compare["average"]["a"].hi - one.compare["average"]["a"].lo

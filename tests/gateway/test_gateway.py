@@ -232,8 +232,10 @@ def test_unseeded_calls_are_reproducible_per_trajectory_chunk_and_call(server, g
         cred = gw.register(tid, "bank")
         gw.set_chunk(tid, 1)
         c = _client(server, cred)
-        texts = [c.chat.completions.create(model="policy", messages=MSG, max_tokens=12).choices[0].message.content
-                 for _ in range(2)]  # fmt: skip
+        texts = [
+            c.chat.completions.create(model="policy", messages=MSG, max_tokens=12).choices[0].message.content
+            for _ in range(2)
+        ]
         gw.registry.unregister(tid)
         gw.store.drain(tid)
         return texts

@@ -12,10 +12,16 @@ from reward.scoring import GrowthBounds, ScoringConfig
 
 def _row(tid, sizes, statuses=None, parent=0, harness="native", status="ok"):
     return {
-        "step": 1, "trajectory_id": tid, "harness": harness, "sequence_id": "s", "window_index": 0,
-        "status": status, "parent_size_tokens": parent, "size_tokens": sizes,
+        "step": 1,
+        "trajectory_id": tid,
+        "harness": harness,
+        "sequence_id": "s",
+        "window_index": 0,
+        "status": status,
+        "parent_size_tokens": parent,
+        "size_tokens": sizes,
         "chunk_status": statuses or ["ok"] * len(sizes),
-    }  # fmt: skip
+    }
 
 
 def _write(run, rows, tail=""):

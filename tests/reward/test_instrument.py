@@ -109,8 +109,10 @@ def test_reader_prompt_parses_back_after_the_chat_template(tok):
 
 
 def test_a_prompt_that_is_not_a_reader_prompt_raises_naming_what_is_missing(tok):
-    writer = [{"role": "system", "content": "You manage a memory bank."},
-              {"role": "user", "content": "Existing memories:\n(none)\n\nNew conversation:\nuser: hi"}]  # fmt: skip
+    writer = [
+        {"role": "system", "content": "You manage a memory bank."},
+        {"role": "user", "content": "Existing memories:\n(none)\n\nNew conversation:\nuser: hi"},
+    ]
     with pytest.raises(ValueError, match="no 'Memory records:' block and no 'Question:' line"):
         parse_reader_prompt(_decoded(tok, writer))
     with pytest.raises(ValueError, match="no 'Question:' line"):
@@ -153,13 +155,15 @@ def server(tok):
 def test_reader_through_the_frozen_gateway_answers_from_the_records(server):
     reader = Reader(ChatClient(LlmClientConfig(base_url=server.base_url, model="reader", max_tokens=32)))
     bank = _entries(BANK + ["Alice said she was sleepy"])
-    out = reader.answer_all([
-        ("p0", "What is Alice's city?", bank),
-        ("p1", "How did Alice's city change?", bank),
-        ("p2", "What are Alice's allergy and car?", bank),
-        ("p3", "What is Alice's mood?", bank),
-        ("p4", "What is Alice's city?", []),
-    ])  # fmt: skip
+    out = reader.answer_all(
+        [
+            ("p0", "What is Alice's city?", bank),
+            ("p1", "How did Alice's city change?", bank),
+            ("p2", "What are Alice's allergy and car?", bank),
+            ("p3", "What is Alice's mood?", bank),
+            ("p4", "What is Alice's city?", []),
+        ]
+    )
     assert out == ["Lisbon", "Lisbon; Oslo; Lisbon", "penicillin; blue", NO_SUCH_RECORD, NO_SUCH_RECORD]
     assert reader.stats["faults"] == 0
 
@@ -171,9 +175,11 @@ def test_a_writer_request_to_the_reader_fails_loudly_and_alone(server):
     # through the client: the fault names why; a reader prompt in the same round is answered
     cfg = LlmClientConfig(base_url=server.base_url, model="reader", num_retries=0)
     client = ChatClient(cfg)
-    got = client.run_batch([
-        ChatRequest(writer, parse_answer, "writer call"),
-        ChatRequest(reader_messages("What is Alice's car?", _entries(BANK)), parse_answer, "reader call"),
-    ])  # fmt: skip
+    got = client.run_batch(
+        [
+            ChatRequest(writer, parse_answer, "writer call"),
+            ChatRequest(reader_messages("What is Alice's car?", _entries(BANK)), parse_answer, "reader call"),
+        ]
+    )
     assert isinstance(got[0], Fault) and "Memory records" in got[0].detail
     assert got[1] == "blue"

@@ -18,11 +18,18 @@ from reward.leakage import ExtractiveReaderClient, main, run
 @pytest.fixture(scope="module")
 def ledger_ds(tmp_path_factory):
     root = tmp_path_factory.mktemp("leak")
-    cfg = load_config([
-        f"out_dir={root}", "data.name=leak", "data.synthetic.world=ledger", "data.synthetic.num_sequences=12",
-        "data.synthetic.num_chunks_per_sequence=4", "data.synthetic.num_chunks_per_window=2", "~data.profiles.hy_memory",
-        "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 2, tokenizer_path: ''}",
-    ])  # fmt: skip
+    cfg = load_config(
+        [
+            f"out_dir={root}",
+            "data.name=leak",
+            "data.synthetic.world=ledger",
+            "data.synthetic.num_sequences=12",
+            "data.synthetic.num_chunks_per_sequence=4",
+            "data.synthetic.num_chunks_per_window=2",
+            "~data.profiles.hy_memory",
+            "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 2, tokenizer_path: ''}",
+        ]
+    )
     outs, _ = build(cfg)
     return outs["native"]
 

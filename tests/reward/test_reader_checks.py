@@ -37,12 +37,21 @@ SEARCH_K = 5  # the demo's
 
 
 def _build(out, world: str, num_sequences: int):
-    outs, _ = build(load_config([
-        f"out_dir={out}", "data.name=reader_checks", f"data.synthetic.num_sequences={num_sequences}",
-        f"++data.synthetic.world={world}", "data.synthetic.num_chunks_per_sequence=6",
-        "data.synthetic.num_chunks_per_window=3", "data.synthetic.seed=3", "~data.profiles.hy_memory",
-        "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 3, tokenizer_path: ''}",
-    ]))  # fmt: skip
+    outs, _ = build(
+        load_config(
+            [
+                f"out_dir={out}",
+                "data.name=reader_checks",
+                f"data.synthetic.num_sequences={num_sequences}",
+                f"++data.synthetic.world={world}",
+                "data.synthetic.num_chunks_per_sequence=6",
+                "data.synthetic.num_chunks_per_window=3",
+                "data.synthetic.seed=3",
+                "~data.profiles.hy_memory",
+                "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 3, tokenizer_path: ''}",
+            ]
+        )
+    )
     return outs["native"]
 
 
@@ -106,8 +115,11 @@ def scripted_reader(tok):
     servers = []
 
     def start(reply):
-        gw = Gateway(ScriptedEngine(tok, reply), tok, GatewayConfig(frozen=True, embeddings=False,
-                                                                    served_model_name="reader"))  # fmt: skip
+        gw = Gateway(
+            ScriptedEngine(tok, reply),
+            tok,
+            GatewayConfig(frozen=True, embeddings=False, served_model_name="reader"),
+        )
         servers.append(GatewayServer(gw).start())
         return servers[-1]
 
@@ -158,15 +170,28 @@ def test_preflight_to_writes_the_figures_and_skips_other_worlds(
 ):
     path = tmp_path / "run" / "reader_preflight.json"
     shown = []
-    preflight_to(path, {"native": ledger, "mem0": ledger}, _reader(extractive.base_url), search_k=SEARCH_K,
-                 echo=shown.append, max_sequences=2)  # fmt: skip
+    preflight_to(
+        path,
+        {"native": ledger, "mem0": ledger},
+        _reader(extractive.base_url),
+        search_k=SEARCH_K,
+        echo=shown.append,
+        max_sequences=2,
+    )
     doc = json.loads(path.read_text())
     assert doc["passed"] and len(doc["datasets"]) == 1 and len(shown) == 1  # one dataset, two harnesses
     d = doc["datasets"][0]
     assert d["harnesses"] == ["native", "mem0"] and d["search_k"] == SEARCH_K
-    assert d["checks"]["permuted"] == {"name": "permuted", "value": 1.0, "rule": f">= {PERMUTED_MIN}", "op": ">=",
-                                       "threshold": PERMUTED_MIN, "num_items": d["num_probes"], "num_faults": 0,
-                                       "passed": True}  # fmt: skip
+    assert d["checks"]["permuted"] == {
+        "name": "permuted",
+        "value": 1.0,
+        "rule": f">= {PERMUTED_MIN}",
+        "op": ">=",
+        "threshold": PERMUTED_MIN,
+        "num_items": d["num_probes"],
+        "num_faults": 0,
+        "passed": True,
+    }
     assert doc["checks"] == d["checks"]  # one dataset: the run's figures are its figures
     # a failing reader: the file is written first (the demo report reads it), then the error
     srv = scripted_reader(lambda _: NO_SUCH_RECORD)
@@ -185,8 +210,19 @@ def test_rl_stage_serves_the_extractive_reader_and_runs_the_preflight(ledger, to
     from hymem_train.frozen_models import reader_preflight, start_frozen_models
     from hymem_train.run_config import RlConfig
 
-    cfg = to_typed(compose("rl", ["+exp=demo_rl", "local_reader=true", "reader_kind=extractive",
-                                  f"data.path={ledger.root}", "++reader_model.path=/nonexistent"]), RlConfig)  # fmt: skip
+    cfg = to_typed(
+        compose(
+            "rl",
+            [
+                "+exp=demo_rl",
+                "local_reader=true",
+                "reader_kind=extractive",
+                f"data.path={ledger.root}",
+                "++reader_model.path=/nonexistent",
+            ],
+        ),
+        RlConfig,
+    )
     stage = types.SimpleNamespace(
         tokenizer=tok, run_dir=tmp_path, dataset=HarnessDatasets({"native": ledger.root})
     )
@@ -207,9 +243,20 @@ def test_evaluate_serves_the_extractive_reader_and_runs_the_preflight(ledger, tm
     from hymem_train.evaluate import fixed_services, reader_preflight
     from hymem_train.run_config import EvaluateConfig
 
-    cfg = to_typed(compose("evaluate", ["+exp=evaluate_demo", "local_reader=true", "reader_kind=extractive",
-                                        f"data.path={ledger.root}", "++reader_model.path=/nonexistent",
-                                        f"run.output_dir={tmp_path}"]), EvaluateConfig)  # fmt: skip
+    cfg = to_typed(
+        compose(
+            "evaluate",
+            [
+                "+exp=evaluate_demo",
+                "local_reader=true",
+                "reader_kind=extractive",
+                f"data.path={ledger.root}",
+                "++reader_model.path=/nonexistent",
+                f"run.output_dir={tmp_path}",
+            ],
+        ),
+        EvaluateConfig,
+    )
     with fixed_services(cfg):
         assert cfg.protocol.reader.base_url
         reader_preflight(cfg, tmp_path, {"native": ledger})
@@ -225,8 +272,28 @@ def test_reader_kind_is_validated_by_name():
     with pytest.raises(ValueError, match="reader_kind=extractive .* local_reader=true"):
         to_typed(compose("rl", ["+exp=demo_rl", "reader_kind=extractive", "local_reader=false"]), RlConfig)
     with pytest.raises(ValueError, match="cluster.placement.reader.replicas=0"):
-        to_typed(compose("rl", ["+exp=demo_rl", "reader_kind=extractive", "local_reader=true",
-                                "++cluster.placement.reader.replicas=1"]), RlConfig)  # fmt: skip
+        to_typed(
+            compose(
+                "rl",
+                [
+                    "+exp=demo_rl",
+                    "reader_kind=extractive",
+                    "local_reader=true",
+                    "++cluster.placement.reader.replicas=1",
+                ],
+            ),
+            RlConfig,
+        )
     with pytest.raises(ValueError, match="reader_kind=extractive"):
-        to_typed(compose("evaluate", ["+exp=evaluate_demo", "reader_kind=extractive", "local_reader=false",
-                                      "protocol.reader.base_url=http://x/v1"]), EvaluateConfig)  # fmt: skip
+        to_typed(
+            compose(
+                "evaluate",
+                [
+                    "+exp=evaluate_demo",
+                    "reader_kind=extractive",
+                    "local_reader=false",
+                    "protocol.reader.base_url=http://x/v1",
+                ],
+            ),
+            EvaluateConfig,
+        )

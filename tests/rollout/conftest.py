@@ -15,10 +15,15 @@ from hymem_train.models.tokenizer import default_tokenizer
 def synth_ds(tmp_path_factory) -> BuiltDataset:
     """2 sequences x 4 chunks, windows of 2 chunks (synthetic: gold known by construction)."""
     out = tmp_path_factory.mktemp("synth")
-    cfg = load_config([
-        f"out_dir={out}", "data.synthetic.num_sequences=2", "data.synthetic.num_chunks_per_sequence=4",
-        "data.synthetic.num_chunks_per_window=2", "data.profiles.hy_memory.num_chunks_per_window=2",
-    ])  # fmt: skip
+    cfg = load_config(
+        [
+            f"out_dir={out}",
+            "data.synthetic.num_sequences=2",
+            "data.synthetic.num_chunks_per_sequence=4",
+            "data.synthetic.num_chunks_per_window=2",
+            "data.profiles.hy_memory.num_chunks_per_window=2",
+        ]
+    )
     outs, _ = build(cfg)
     return BuiltDataset(outs["hy_memory"])
 

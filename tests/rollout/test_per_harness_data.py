@@ -29,11 +29,16 @@ TWO = ["native", "native_b"]
 def other_ds(tmp_path_factory) -> BuiltDataset:
     """A second dataset (3 sequences, another seed): a harness with data of its own."""
     out = tmp_path_factory.mktemp("other")
-    cfg = load_config([
-        f"out_dir={out}", "data.synthetic.num_sequences=3", "data.synthetic.num_chunks_per_sequence=4",
-        "data.synthetic.num_chunks_per_window=2", "data.profiles.hy_memory.num_chunks_per_window=2",
-        "data.synthetic.seed=5",
-    ])  # fmt: skip
+    cfg = load_config(
+        [
+            f"out_dir={out}",
+            "data.synthetic.num_sequences=3",
+            "data.synthetic.num_chunks_per_sequence=4",
+            "data.synthetic.num_chunks_per_window=2",
+            "data.profiles.hy_memory.num_chunks_per_window=2",
+            "data.synthetic.seed=5",
+        ]
+    )
     return BuiltDataset(build(cfg)[0]["hy_memory"])
 
 
@@ -65,8 +70,11 @@ def test_same_sequence_in_several_harnesses_is_several_lineages(synth_ds, other_
     s.advance(step[:2])  # only sequence 0's two lineages finished their window
     resumed = WindowScheduler(ws, TWO, tmp_path)
     assert {sw.lineage_id: sw.window.index for sw in resumed.next_windows(8)} == {
-        f"native:{seqs[0]}": 1, f"native_b:{seqs[0]}": 1, f"native:{seqs[1]}": 0, f"native_b:{seqs[1]}": 0
-    }  # fmt: skip
+        f"native:{seqs[0]}": 1,
+        f"native_b:{seqs[0]}": 1,
+        f"native:{seqs[1]}": 0,
+        f"native_b:{seqs[1]}": 0,
+    }
     manifest = json.loads((tmp_path / "schedule_manifest.json").read_text())
     assert manifest == {"per_harness": {"native": seqs, "native_b": seqs}}
     # each harness its own data: native_b schedules other_ds's 3 sequences, native synth_ds's 2
@@ -165,5 +173,6 @@ def test_collector_runs_one_window_in_two_harnesses(synth_ds, scripted_gateway, 
         group = g.reward_group(data)
         assert group.harness == g.harness and group.probes == synth_ds.probes_of(g.window)
     assert json.loads((run / "lineage.json").read_text()).keys() == {
-        f"native:{seq}@e0/w0", f"native_b:{seq}@e0/w0"
-    }  # fmt: skip
+        f"native:{seq}@e0/w0",
+        f"native_b:{seq}@e0/w0",
+    }

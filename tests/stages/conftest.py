@@ -20,11 +20,16 @@ def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("stages")
 
     def data(name, n_seq, n_chunks, seed):
-        cfg = load_config([
-            f"out_dir={root / name}", f"data.synthetic.num_sequences={n_seq}",
-            f"data.synthetic.num_chunks_per_sequence={n_chunks}", "data.synthetic.num_chunks_per_window=2",
-            f"data.synthetic.seed={seed}", "data.profiles.hy_memory.num_chunks_per_window=2",
-        ])  # fmt: skip
+        cfg = load_config(
+            [
+                f"out_dir={root / name}",
+                f"data.synthetic.num_sequences={n_seq}",
+                f"data.synthetic.num_chunks_per_sequence={n_chunks}",
+                "data.synthetic.num_chunks_per_window=2",
+                f"data.synthetic.seed={seed}",
+                "data.profiles.hy_memory.num_chunks_per_window=2",
+            ]
+        )
         return build(cfg)[0]["hy_memory"]
 
     train, held = data("train", 2, 4, 0), data("eval", 1, 2, 7)
@@ -35,14 +40,19 @@ def assets(tmp_path_factory):
 
 
 COMMON = [
-    "harnesses.native.native.max_tokens=24", "engine.max_model_len=1024", "rollout.num_workers=2",
-    "trainer.gradient_checkpointing=false", "trainer.packing.num_tokens_per_micro_batch=4096",
-    "trainer.packing.pad_to_multiple=8", "logging.wandb_mode=disabled", "cluster.num_cpus=2",
+    "harnesses.native.native.max_tokens=24",
+    "engine.max_model_len=1024",
+    "rollout.num_workers=2",
+    "trainer.gradient_checkpointing=false",
+    "trainer.packing.num_tokens_per_micro_batch=4096",
+    "trainer.packing.pad_to_multiple=8",
+    "logging.wandb_mode=disabled",
+    "cluster.num_cpus=2",
     # the demo_* configs switch ZeRO off (one CPU rank, see configs/exp/demo_rl.yaml); the stage tests
     # keep the report's ZeRO-3 path under kill -9 / resume / 2 ranks. tests/trainer/test_engine_dist.py
     # checks that stage 0 trains and resumes exactly like stage 3.
     "trainer.zero_stage=3",
-]  # fmt: skip
+]
 
 
 def _cmd(stage: str, a: dict, out: Path, *extra: str) -> list[str]:
@@ -56,12 +66,21 @@ def _cmd(stage: str, a: dict, out: Path, *extra: str) -> list[str]:
         *COMMON,
     ]
     if stage == "opd":
-        base += ["+exp=demo_opd", f"teacher.path={a['teacher']}", "init_checkpoint=",
-                 "opd.num_rows_per_step=2"]  # fmt: skip
+        base += [
+            "+exp=demo_opd",
+            f"teacher.path={a['teacher']}",
+            "init_checkpoint=",
+            "opd.num_rows_per_step=2",
+        ]
     else:
         # the model reader (the stage tests' path): demo_rl itself reads with the extractive instrument
-        base += ["+exp=demo_rl", "reader_kind=model", f"reader_model.path={a['teacher']}", "rl.num_rollouts_per_window=2",
-                 "rl.num_windows_per_step=2"]  # fmt: skip
+        base += [
+            "+exp=demo_rl",
+            "reader_kind=model",
+            f"reader_model.path={a['teacher']}",
+            "rl.num_rollouts_per_window=2",
+            "rl.num_windows_per_step=2",
+        ]
     return base + list(extra)
 
 
@@ -115,9 +134,14 @@ RL_KEYS = ("train/loss", "train/grad_norm", "train/num_loss_tokens", "reward/s",
 @pytest.fixture(scope="session")
 def stage():
     return SimpleNamespace(
-        COMMON=COMMON, cmd=_cmd, run=_run, metrics=_metrics, same_run=_same_run, OPD_KEYS=OPD_KEYS,
+        COMMON=COMMON,
+        cmd=_cmd,
+        run=_run,
+        metrics=_metrics,
+        same_run=_same_run,
+        OPD_KEYS=OPD_KEYS,
         RL_KEYS=RL_KEYS,
-    )  # fmt: skip
+    )
 
 
 OPD_TWO_STEPS = ("num_steps=2", "save_every=1")

@@ -67,8 +67,10 @@ def test_prompt_split_is_disjoint_from_the_demonstrations(tmp_path):
 def test_predictions_read_the_paired_bank_differences(tmp_path):
     p = tmp_path / "bank_metrics.json"
     assert [c["held"] for c in paired_checks(p)] == [False] * len(PREDICTIONS)  # no evaluation: nothing holds
-    diffs = [{"a": "opd", "b": "sft", "metric": "memory_recall", "value": 0.2, "lo": 0.1, "hi": 0.3},
-             {"a": "rl", "b": "opd", "metric": "false_memory_resistance", "value": 0.1, "lo": -0.02, "hi": 0.2}]  # fmt: skip
+    diffs = [
+        {"a": "opd", "b": "sft", "metric": "memory_recall", "value": 0.2, "lo": 0.1, "hi": 0.3},
+        {"a": "rl", "b": "opd", "metric": "false_memory_resistance", "value": 0.1, "lo": -0.02, "hi": 0.2},
+    ]
     p.write_text(json.dumps({"harnesses": {"native": {"differences": diffs}}}))
     got = {(c["a"], c["metric"]): c for c in paired_checks(p)}
     assert got[("opd", "memory_recall")]["held"] and got[("opd", "memory_recall")]["lo"] == 0.1
@@ -88,18 +90,35 @@ def test_predictions_read_the_paired_bank_differences(tmp_path):
 
 def test_report_reads_first_and_last_values(tmp_path):
     for name, rows in {
-        "opd": [{"step": 0, "eval/reverse_kl": 0.8}, {"step": 1, "distill/reverse_kl_topk": 0.6},
-                {"step": 2, "eval/reverse_kl": 0.5, "distill/reverse_kl_topk": 0.4}],
-        "rl": [{"step": 0, "eval/s": 0.30, "eval/prm": 0.30, "eval/pen": 0.02},
-               {"step": 1, "reward/s": 0.2, "reward/zero_advantage_share": 0.5},
-               {"step": 2, "reward/s": 0.4, "reward/zero_advantage_share": 0.3, "eval/s": 0.36, "eval/prm": 0.35,
-                "eval/pen": 0.01}],
-    }.items():  # fmt: skip
+        "opd": [
+            {"step": 0, "eval/reverse_kl": 0.8},
+            {"step": 1, "distill/reverse_kl_topk": 0.6},
+            {"step": 2, "eval/reverse_kl": 0.5, "distill/reverse_kl_topk": 0.4},
+        ],
+        "rl": [
+            {"step": 0, "eval/s": 0.30, "eval/prm": 0.30, "eval/pen": 0.02},
+            {"step": 1, "reward/s": 0.2, "reward/zero_advantage_share": 0.5},
+            {
+                "step": 2,
+                "reward/s": 0.4,
+                "reward/zero_advantage_share": 0.3,
+                "eval/s": 0.36,
+                "eval/prm": 0.35,
+                "eval/pen": 0.01,
+            },
+        ],
+    }.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert first_last([{"a": 1}, {"b": 2}, {"a": 3}], "a") == (1, 3) and first_last([], "a") is None
-    counts = {"train_sequences": 4, "prompt_sequences": 4, "eval_sequences": 2, "writer_segments": 24,
-              "oracle_flaw_store_small_talk": 3, "leaked": {"eval": 0.0}}  # fmt: skip
+    counts = {
+        "train_sequences": 4,
+        "prompt_sequences": 4,
+        "eval_sequences": 2,
+        "writer_segments": 24,
+        "oracle_flaw_store_small_talk": 3,
+        "leaked": {"eval": 0.0},
+    }
     out = write_report(tmp_path, counts, {"total": 1.0})
     assert out["kl"] == (0.8, 0.5) and out["reward"] == (0.30, 0.36) and out["prm"] == (0.30, 0.35)
     text = (tmp_path / "report.md").read_text()
@@ -128,8 +147,17 @@ def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
         for _ in range(3):
             b += rnd.randint(8, 24)
             sizes.append(b)
-        rows.append({"trajectory_id": f"t{i}", "harness": "native", "status": "ok", "parent_size_tokens": 0,
-                     "size_tokens": sizes, "chunk_status": ["ok"] * 3, "step": 1})  # fmt: skip
+        rows.append(
+            {
+                "trajectory_id": f"t{i}",
+                "harness": "native",
+                "status": "ok",
+                "parent_size_tokens": 0,
+                "size_tokens": sizes,
+                "chunk_status": ["ok"] * 3,
+                "step": 1,
+            }
+        )
     (tmp_path / BANK_SIZES_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     args, line = growth_overrides(tmp_path)
     kv = {k.rsplit(".", 1)[1]: v for k, v in (a.split("=") for a in args)}

@@ -43,16 +43,33 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
     out = root / "rl_faults"
     with StandInServer(_judge()) as judge:
         cmd = [
-            sys.executable, "-m", "hymem_train.rl", "+exp=demo_rl", f"data.path={assets['train']}",
-            f"run.output_dir={out}", "data.eval_path=", "reader_kind=model", f"reader_model.path={assets['teacher']}", "init_checkpoint=", *stage.COMMON,
+            sys.executable,
+            "-m",
+            "hymem_train.rl",
+            "+exp=demo_rl",
+            f"data.path={assets['train']}",
+            f"run.output_dir={out}",
+            "data.eval_path=",
+            "reader_kind=model",
+            f"reader_model.path={assets['teacher']}",
+            "init_checkpoint=",
+            *stage.COMMON,
             "harnesses.native.in_process=false",  # a sandbox process to kill
             "harnesses.native.num_retries=1",
-            "rl.num_rollouts_per_window=4", "rl.num_windows_per_step=2", "num_steps=2", "save_every=1",
-            "reward.judge_kind=llm", f"reward.judge.base_url={judge.base_url}", "reward.judge.model=judge",
-            "reward.judge.timeout_s=1.0", "reward.judge.num_retries=0",
-            '+rollout.faults.kill_sandbox=["1:1"]', "+rollout.faults.foreign_identity=[0]",
-            '+rollout.faults.kill_worker=["3:0"]', "rollout.max_worker_restarts=8",
-        ]  # fmt: skip
+            "rl.num_rollouts_per_window=4",
+            "rl.num_windows_per_step=2",
+            "num_steps=2",
+            "save_every=1",
+            "reward.judge_kind=llm",
+            f"reward.judge.base_url={judge.base_url}",
+            "reward.judge.model=judge",
+            "reward.judge.timeout_s=1.0",
+            "reward.judge.num_retries=0",
+            '+rollout.faults.kill_sandbox=["1:1"]',
+            "+rollout.faults.foreign_identity=[0]",
+            '+rollout.faults.kill_worker=["3:0"]',
+            "rollout.max_worker_restarts=8",
+        ]
         log = root / "rl_faults.log"
         with log.open("w") as f:
             r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900)

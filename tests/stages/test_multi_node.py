@@ -37,9 +37,13 @@ def two_nodes(monkeypatch):
 def test_two_node_opd_reproduces_one_node(assets, stage, opd_one_rank, two_nodes):
     cluster, nodes = two_nodes
     out = assets["root"] / "opd_2node"
-    extra = (f"cluster.ray_address={cluster.address}", "++cluster.placement.policy_replicas=2",
-             "++cluster.placement.replica_strategy=STRICT_SPREAD", "++rollout.ray_resources={rollout: 1}",
-             "gateway.host=auto")  # fmt: skip
+    extra = (
+        f"cluster.ray_address={cluster.address}",
+        "++cluster.placement.policy_replicas=2",
+        "++cluster.placement.replica_strategy=STRICT_SPREAD",
+        "++rollout.ray_resources={rollout: 1}",
+        "gateway.host=auto",
+    )
     stage.run(stage.cmd("opd", assets, out, *OPD_TWO_STEPS, *extra), assets["root"] / "opd_2node.log")
     where = json.loads((out / "placement.json").read_text())
     worker = next(n for n, ip in nodes.items() if ip == "127.0.0.2")
@@ -63,9 +67,14 @@ def test_two_node_rl_serves_its_reader_from_replicas_on_both_nodes(
 
     cluster, nodes = two_nodes
     out = assets["root"] / "rl_2node_reader"
-    extra = (f"cluster.ray_address={cluster.address}", "++cluster.placement.reader.replicas=2",
-             "++cluster.placement.replica_strategy=STRICT_SPREAD", "++cluster.placement.cpus_per_replica=0.5",
-             "gateway.host=auto", f"init_checkpoint={opd_one_rank}/final")  # fmt: skip
+    extra = (
+        f"cluster.ray_address={cluster.address}",
+        "++cluster.placement.reader.replicas=2",
+        "++cluster.placement.replica_strategy=STRICT_SPREAD",
+        "++cluster.placement.cpus_per_replica=0.5",
+        "gateway.host=auto",
+        f"init_checkpoint={opd_one_rank}/final",
+    )
     stage.run(stage.cmd("rl", assets, out, *RL_TWO_STEPS, *extra), assets["root"] / "rl_2node_reader.log")
     where = json.loads((out / "placement.json").read_text())
     head = where["driver"]["node_id"]

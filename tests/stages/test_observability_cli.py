@@ -18,8 +18,17 @@ def test_rl_run_logs_each_step_into_the_run_dir_and_wandb_gets_the_config(assets
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     # also the writer-swap matrix at steps 0 and 2 (swap_eval: docs/evaluation.md, "In a stage")
-    cmd = stage.cmd("rl", assets, out, "num_steps=2", "save_every=2", "init_checkpoint=", "swap_eval.every=2",
-                    "swap_eval.subsample=all", "swap_eval.max_items_per_benchmark=4")  # fmt: skip
+    cmd = stage.cmd(
+        "rl",
+        assets,
+        out,
+        "num_steps=2",
+        "save_every=2",
+        "init_checkpoint=",
+        "swap_eval.every=2",
+        "swap_eval.subsample=all",
+        "swap_eval.max_items_per_benchmark=4",
+    )
     cmd = [c for c in cmd if c != "logging.wandb_mode=disabled"] + ["logging.wandb_mode=offline"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"}
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)

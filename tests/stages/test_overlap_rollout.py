@@ -14,8 +14,14 @@ def test_overlapped_rollout_is_one_version_stale_hides_the_training_and_survives
     out = tmp_path / "rl_overlap"
     out.mkdir()
     cmd = stage.cmd(
-        "rl", assets, out, "num_steps=4", "save_every=4", "init_checkpoint=", "rl.overlap_rollout=true",
-    )  # fmt: skip
+        "rl",
+        assets,
+        out,
+        "num_steps=4",
+        "save_every=4",
+        "init_checkpoint=",
+        "rl.overlap_rollout=true",
+    )
     (out / "PREEMPT").write_text("")  # a request before the start: the run stops after step 1
     stage.run(cmd, tmp_path / "first.log")
     assert json.loads((out / "preempted.json").read_text())["step"] == 1

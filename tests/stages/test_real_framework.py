@@ -18,9 +18,12 @@ LONG = ["engine.max_model_len=32768", "trainer.packing.num_tokens_per_micro_batc
 # here, and the RL step below keeps its 2-rollout group; CI time, not coverage, sets this.
 FRAMEWORKS = {
     "mem0": ["+harness@harnesses.mem0=mem0", "harnesses.mem0.options.max_tokens=32"],
-    "hy_memory": ["+harness@harnesses.hy_memory=hy_memory_chat", "harnesses.hy_memory.options.agent_max_tokens=32"],
+    "hy_memory": [
+        "+harness@harnesses.hy_memory=hy_memory_chat",
+        "harnesses.hy_memory.options.agent_max_tokens=32",
+    ],
     "memoryos": ["+harness@harnesses.memoryos=memoryos", "harnesses.memoryos.options.max_tokens=32"],
-}  # fmt: skip
+}
 
 
 # mem0 and MemoryOS run the RL half only, from the model config's initial weights (CI time: mem0's
@@ -42,10 +45,21 @@ def test_opd_then_rl_steps_inside_real_framework(assets, stage, framework):
     init = ""
     if framework not in RL_ONLY:
         opd = root / f"opd_{framework}"
-        stage.run(stage.cmd("opd", assets, opd, "num_steps=1", "save_every=1", "data.eval_path=", *args,
-                            "opd.num_rows_per_step=1", "opd.num_rollouts_per_row=1",
-                            "teacher_engine.max_model_len=32768"),
-                  root / f"opd_{framework}.log")  # fmt: skip
+        stage.run(
+            stage.cmd(
+                "opd",
+                assets,
+                opd,
+                "num_steps=1",
+                "save_every=1",
+                "data.eval_path=",
+                *args,
+                "opd.num_rows_per_step=1",
+                "opd.num_rollouts_per_row=1",
+                "teacher_engine.max_model_len=32768",
+            ),
+            root / f"opd_{framework}.log",
+        )
         m = stage.metrics(opd)[1]
         assert m["rollout/segments"] > 0 and m["gateway/requests_ok"] > 0
         check_embeddings(framework, m)
@@ -55,10 +69,21 @@ def test_opd_then_rl_steps_inside_real_framework(assets, stage, framework):
         init = f"{opd}/final"
 
     rl = root / f"rl_{framework}"
-    stage.run(stage.cmd("rl", assets, rl, "num_steps=1", "save_every=1", "data.eval_path=",
-                        f"init_checkpoint={init}", *args, "rl.num_windows_per_step=1",
-                        *(["rollout.mode=rollout_only"] if framework in NO_TRAIN else [])),
-              root / f"rl_{framework}.log")  # fmt: skip
+    stage.run(
+        stage.cmd(
+            "rl",
+            assets,
+            rl,
+            "num_steps=1",
+            "save_every=1",
+            "data.eval_path=",
+            f"init_checkpoint={init}",
+            *args,
+            "rl.num_windows_per_step=1",
+            *(["rollout.mode=rollout_only"] if framework in NO_TRAIN else []),
+        ),
+        root / f"rl_{framework}.log",
+    )
     m = stage.metrics(rl)[1]
     assert m["reward/bank_faults"] == 0  # every snapshot opened and searched through its sandbox
     assert m["reward/reader_calls"] > 0 and m["rollout/platform_error_rollouts"] == 0

@@ -34,8 +34,14 @@ class Slurm:
         self.state, self.env = state, env
 
     def exec(self, *args: str, check: bool = True, timeout: float = 60) -> str:
-        r = subprocess.run([str(CLUSTER), "exec", *args], env=self.env, capture_output=True, text=True,
-                           timeout=timeout, cwd=REPO)  # fmt: skip
+        r = subprocess.run(
+            [str(CLUSTER), "exec", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
         if check:
             assert r.returncode == 0, f"{args}: {r.stdout}{r.stderr}"
         return r.stdout
@@ -43,8 +49,14 @@ class Slurm:
     def sbatch(self, entry_args: list[str], out: Path, *, wait: bool = False) -> tuple[str, int]:
         # the job runs the test's own interpreter and the environment of the 1-rank reference runs
         args = ["sbatch", "--parsable", "--nodes=2", f"--output={out}", *(["--wait"] if wait else [])]
-        r = subprocess.run([str(CLUSTER), "exec", *args, "slurm/ray_job.sbatch", *entry_args], env=self.env,
-                           capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
+        r = subprocess.run(
+            [str(CLUSTER), "exec", *args, "slurm/ray_job.sbatch", *entry_args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=REPO,
+        )
         job = r.stdout.strip().splitlines()[0] if r.stdout.strip() else ""
         assert job.isdigit(), r.stdout + r.stderr
         return job, r.returncode
@@ -82,9 +94,12 @@ class Slurm:
 def slurm(tmp_path_factory):
     state = tmp_path_factory.mktemp("slurm")
     env = {
-        **os.environ, "HYMEM_SLURM_DIR": str(state), "HYMEM_PYTHON": sys.executable,
-        "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-    }  # fmt: skip
+        **os.environ,
+        "HYMEM_SLURM_DIR": str(state),
+        "HYMEM_PYTHON": sys.executable,
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
     r = subprocess.run([str(CLUSTER), "up"], env=env, capture_output=True, text=True, timeout=180)
     if r.returncode == 77:
         if os.environ.get("HYMEM_REQUIRE_SLURM") == "1":

@@ -20,8 +20,15 @@ def test_opd_then_rl_short_runs(stage, opd_one_rank, rl_one_rank):
     m = stage.metrics(opd)
     assert {0, 1, 2} <= set(m)
     assert m[0]["eval/reverse_kl"] > 0 and "eval/reverse_kl" in m[2]
-    for k in ("distill/reverse_kl_topk", "distill/teacher_token_coverage", "distill/entropy", "perf/time_rollout_s",
-              "perf/time_teacher_s", "perf/time_train_s", "perf/time_sync_s"):  # fmt: skip
+    for k in (
+        "distill/reverse_kl_topk",
+        "distill/teacher_token_coverage",
+        "distill/entropy",
+        "perf/time_rollout_s",
+        "perf/time_teacher_s",
+        "perf/time_train_s",
+        "perf/time_sync_s",
+    ):
         assert k in m[1], k
     assert (opd / "final" / "model.safetensors").exists() and (opd / "opd_curves.png").exists()
     lineage = json.loads((opd / "lineage.json").read_text())
@@ -77,9 +84,12 @@ def test_rl_kill9_then_resume_reproduces_the_uninterrupted_run(assets, stage, op
     def kill_when(ready, name: str) -> None:
         log = (root / f"{name}.log").open("w")
         p = subprocess.Popen(
-            stage.cmd("rl", assets, out, *args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stage.cmd("rl", assets, out, *args),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             env=env,
-        )  # fmt: skip
+        )
         deadline = time.time() + 600
         while not ready():
             assert p.poll() is None, (root / f"{name}.log").read_text()[-3000:]
@@ -96,8 +106,10 @@ def test_rl_kill9_then_resume_reproduces_the_uninterrupted_run(assets, stage, op
     kill_when(advanced, "rl_killed_before_checkpoint")
     assert not (ckpt / "latest").exists()
     # DeepSpeed creates `latest`, then writes the tag into it: wait for the tag
-    kill_when(lambda: (ckpt / "latest").exists() and (ckpt / "latest").read_text().strip() == "step_1",
-              "rl_killed_after_checkpoint")  # fmt: skip
+    kill_when(
+        lambda: (ckpt / "latest").exists() and (ckpt / "latest").read_text().strip() == "step_1",
+        "rl_killed_after_checkpoint",
+    )
     assert not (out / "final").exists()
     stage.run(stage.cmd("rl", assets, out, *args), root / "rl_resumed.log", env=env)
 

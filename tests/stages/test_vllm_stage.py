@@ -22,11 +22,22 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
     out = tmp_path / "opd_vllm"
     cmd = stage.cmd(
-        "opd", assets, out, "num_steps=1", "save_every=1", "model=tiny_teacher", "engine=vllm",
-        "engine@teacher_engine=vllm", "engine.capture_routes=false", "teacher_engine.capture_routes=false",
-        "engine.enforce_eager=true", "teacher_engine.enforce_eager=true", "teacher_engine.max_model_len=1024",
-        "engine.async_engine=false", "teacher_engine.async_engine=false",
-    )  # fmt: skip
+        "opd",
+        assets,
+        out,
+        "num_steps=1",
+        "save_every=1",
+        "model=tiny_teacher",
+        "engine=vllm",
+        "engine@teacher_engine=vllm",
+        "engine.capture_routes=false",
+        "teacher_engine.capture_routes=false",
+        "engine.enforce_eager=true",
+        "teacher_engine.enforce_eager=true",
+        "teacher_engine.max_model_len=1024",
+        "engine.async_engine=false",
+        "teacher_engine.async_engine=false",
+    )
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     stage.run(cmd, tmp_path / "opd_vllm.log", env=env)
     m = stage.metrics(out)
@@ -49,10 +60,19 @@ def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
     # Runner V2, not on CPU (docs/vllm.md).
     rl = tmp_path / "rl_vllm"
     cmd = stage.cmd(
-        "rl", assets, rl, "num_steps=2", "save_every=2", f"init_checkpoint={out}/final", "engine=vllm",
-        "engine.capture_routes=false", "engine.enforce_eager=true", "++trainer.routing_replay=false",
-        "++cluster.placement.policy_replicas=2", "++cluster.placement.cpus_per_replica=0.5",
-    )  # fmt: skip
+        "rl",
+        assets,
+        rl,
+        "num_steps=2",
+        "save_every=2",
+        f"init_checkpoint={out}/final",
+        "engine=vllm",
+        "engine.capture_routes=false",
+        "engine.enforce_eager=true",
+        "++trainer.routing_replay=false",
+        "++cluster.placement.policy_replicas=2",
+        "++cluster.placement.cpus_per_replica=0.5",
+    )
     stage.run(cmd, tmp_path / "rl_vllm.log", env=env)
     where = json.loads((rl / "placement.json").read_text())
     assert len({r["pid"] for r in where["policy"]}) == 2  # two replica processes

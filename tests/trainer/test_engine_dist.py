@@ -110,10 +110,12 @@ def test_zero_stage0_matches_zero3_and_resumes(tmp_path):
     # different reduction order: after 3 Adam steps (eps 1e-8) 1 of 57,344 embedding entries differed
     # by 2e-6; a stage that skipped or mis-scaled an update differs by ~lr = 1e-3
     _assert_same(p0, p3, atol=1e-5)
-    first, _ = run_worker(1, tmp_path / "a", "--steps", "2", "--zero-stage", "0", "--save-dir",
-                          str(tmp_path / "ckpt"), *common)  # fmt: skip
-    second, p_res = run_worker(1, tmp_path / "b", "--steps", "1", "--zero-stage", "0", "--load-dir",
-                               str(tmp_path / "ckpt"), *common)  # fmt: skip
+    first, _ = run_worker(
+        1, tmp_path / "a", "--steps", "2", "--zero-stage", "0", "--save-dir", str(tmp_path / "ckpt"), *common
+    )
+    second, p_res = run_worker(
+        1, tmp_path / "b", "--steps", "1", "--zero-stage", "0", "--load-dir", str(tmp_path / "ckpt"), *common
+    )
     assert [m["train/loss"] for m in first + second] == pytest.approx([m["train/loss"] for m in z0], rel=1e-6)
     _assert_same(p_res, p0, atol=1e-7)
 
@@ -145,8 +147,14 @@ def test_cpu_comm_init_skips_deepspeeds_shared_memory_op(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "HF_HUB_OFFLINE": "1"}
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "shm op: None" in out.stdout, out.stdout
     assert not list((tmp_path / "ext").rglob("*.so"))  # nothing was compiled

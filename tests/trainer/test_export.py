@@ -56,8 +56,11 @@ def vllm_expected_names(cfg: dict) -> set[str]:
             continue
         out |= {p + "mlp.gate.weight", p + "mlp.expert_bias"}
         out |= {f"{p}mlp.shared_mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
-        out |= {f"{p}mlp.experts.{e}.{n}.weight" for e in range(cfg["num_experts"])
-                for n in ("gate_proj", "up_proj", "down_proj")}  # fmt: skip
+        out |= {
+            f"{p}mlp.experts.{e}.{n}.weight"
+            for e in range(cfg["num_experts"])
+            for n in ("gate_proj", "up_proj", "down_proj")
+        }
     return out
 
 
@@ -84,8 +87,15 @@ def _export_plain(model, out: Path, dtype=None, max_shard_bytes=5 * 10**9):
     from hymem_train.models.tokenizer import default_tokenizer
     from hymem_train.trainer.export import CardInfo, _live_tensors, write_hf_dir
 
-    write_hf_dir(_live_tensors(model, 1 << 16), model.config, out, dtype=dtype, tokenizer=default_tokenizer(),
-                 card=CardInfo(stage="t", step=0), max_shard_bytes=max_shard_bytes)  # fmt: skip
+    write_hf_dir(
+        _live_tensors(model, 1 << 16),
+        model.config,
+        out,
+        dtype=dtype,
+        tokenizer=default_tokenizer(),
+        card=CardInfo(stage="t", step=0),
+        max_shard_bytes=max_shard_bytes,
+    )
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -191,8 +201,13 @@ def test_export_config_validates_push_to_hub_and_dtype():
 
 # ---- slow: real step checkpoints from torchrun ------------------------------------------------------------
 def _export_cli(ckpt: Path, out: Path, *over: str) -> None:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     cmd = [sys.executable, "-m", "hymem_train.export", f"checkpoint={ckpt}", f"out_dir={out}", *over]
     res = subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -266,8 +281,20 @@ def test_load_model_from_a_step_checkpoint_and_the_latest_pointer(tmp_path):
     from tests.trainer.test_engine_dist import run_worker
 
     run = tmp_path / "run"
-    _, params = run_worker(2, tmp_path / "w", "--lr", "1e-3", "--adam-eps", "1e-8", "--capacity", "40",
-                           "--steps", "2", "--save-dir", str(run / "checkpoints"))  # fmt: skip
+    _, params = run_worker(
+        2,
+        tmp_path / "w",
+        "--lr",
+        "1e-3",
+        "--adam-eps",
+        "1e-8",
+        "--capacity",
+        "40",
+        "--steps",
+        "2",
+        "--save-dir",
+        str(run / "checkpoints"),
+    )
     (run / "config.yaml").write_text("model:\n  preset: tiny\n")
     for path in (run / "checkpoints" / "step_2", run / "checkpoints"):
         m = load_model(ModelConfig(path=str(path), attn_implementation="eager"))

@@ -132,7 +132,7 @@ def test_zero3_two_ranks_sync_into_two_replica_processes(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for r in (1, 2)
     ]
     try:

@@ -316,6 +316,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         "if not self._cv.wait_for(lambda: True, self.timeout_s):",
         ("tests/engines/test_sync_gate.py::test_requests_that_arrive_during_a_sync_wait_for_its_end",),
     ),
+    Mutation(  # counterfactual ORM: a record the left-out chunk added stays in its view
+        "counterfactual_keeps_added_records",
+        "reward/counterfactual.py",
+        "                continue  # the chunk added it",
+        "                pass  # the chunk added it",
+        (
+            "tests/reward/test_reward_terms.py::test_leave_out_drops_added_reverts_updated_keeps_superseded",
+            "tests/reward/test_reward_service.py::test_counterfactual_orm_credits_the_answers_a_chunk_changes",
+        ),
+    ),
+    Mutation(  # counterfactual ORM: a later chunk's update is undone along with the left-out chunk's
+        "counterfactual_reverts_superseded_updates",
+        "reward/counterfactual.py",
+        "            if e.text == after_text.get(e.id):",
+        "            if True:",
+        ("tests/reward/test_reward_terms.py::test_leave_out_drops_added_reverts_updated_keeps_superseded",),
+    ),
 )
 
 

@@ -321,10 +321,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reward/counterfactual.py",
         "                continue  # the chunk added it",
         "                pass  # the chunk added it",
-        (
-            "tests/reward/test_reward_terms.py::test_leave_out_drops_added_reverts_updated_keeps_superseded",
-            "tests/reward/test_reward_service.py::test_counterfactual_orm_credits_the_answers_a_chunk_changes",
-        ),
+        ("tests/reward/test_reward_terms.py::test_leave_out_drops_added_reverts_updated_keeps_superseded",),
+    ),
+    Mutation(  # counterfactual ORM: every leave-out read as the full bank (no chunk is ever credited)
+        "counterfactual_views_never_differ",
+        "reward/service.py",
+        "if t not in cf_bad and not same_view(v, q_results[j]):",
+        "if False:",
+        ("tests/reward/test_reward_service.py::test_counterfactual_orm_credits_the_answers_a_chunk_changes",),
     ),
     Mutation(  # counterfactual ORM: a later chunk's update is undone along with the left-out chunk's
         "counterfactual_reverts_superseded_updates",

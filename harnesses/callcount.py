@@ -27,6 +27,9 @@ class CallCounter:
         self.foreign_urls: list[str] = []  # the first few of them, for the error message
         self.chunk_index: int | None = None  # set around one write_chunk
         self.replies: list[str | None] = []  # assistant contents of answered chat calls, in order
+        # chat calls whose reply never came in time: the writer's own failure (WriteResult.writer_timeout),
+        # seen here because a framework may swallow the exception and report only a message
+        self.num_chat_timeouts = 0
         self._lock = threading.Lock()
 
     def observe(self, request) -> None:  # request: httpx.Request
@@ -54,6 +57,24 @@ class CallCounter:
             content = None  # streamed or odd body: the adapter treats it as unknown
         with self._lock:
             self.replies.append(content)
+
+
+def is_timeout(error: BaseException | None) -> bool:
+    """Whether an exception, or one it was raised from, is a timeout (httpx's TimeoutException, openai's
+    APITimeoutError, TimeoutError). Read by class name: the clients are the framework venv's own."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, TimeoutError) or any("Timeout" in c.__name__ for c in type(error).__mro__):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _timed_out(request, error: BaseException) -> None:
+    if _is_chat(request) and is_timeout(error):
+        with COUNTER._lock:
+            COUNTER.num_chat_timeouts += 1
 
 
 def _is_chat(request) -> bool:
@@ -86,7 +107,11 @@ def _wrap(client_cls, async_client_cls) -> None:
 
     def send(self, request, *args, **kwargs):
         COUNTER.observe(request)
-        response = orig_send(self, request, *args, **kwargs)
+        try:
+            response = orig_send(self, request, *args, **kwargs)
+        except Exception as e:
+            _timed_out(request, e)
+            raise
         if _is_chat(request) and response.status_code == 200:
             response.read()  # cached by httpx: the framework still reads the same bytes
             COUNTER.record_reply(response.content)
@@ -94,7 +119,11 @@ def _wrap(client_cls, async_client_cls) -> None:
 
     async def async_send(self, request, *args, **kwargs):
         COUNTER.observe(request)
-        response = await orig_async_send(self, request, *args, **kwargs)
+        try:
+            response = await orig_async_send(self, request, *args, **kwargs)
+        except Exception as e:
+            _timed_out(request, e)
+            raise
         if _is_chat(request) and response.status_code == 200:
             await response.aread()
             COUNTER.record_reply(response.content)

@@ -84,7 +84,9 @@ class CheckFigure:
     def line(self) -> str:
         faults = f", {self.num_faults} reader faults" if self.num_faults else ""
         verdict = "ok" if self.passed else "FAILED"
-        return f"{self.name}: {self.value:.3f} (want {self.rule}, {self.num_items} probes{faults}) {verdict}"
+        # a check with nothing to ask cannot vouch for the reader: say so rather than print a bare nan
+        empty = " - the data holds none it could ask" if not self.num_items else ""
+        return f"{self.name}: {self.value:.3f} (want {self.rule}, {self.num_items} probes{empty}{faults}) {verdict}"
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -357,7 +357,7 @@ class HyMemoryHarness(Harness):
         memory_at = dt.datetime.fromisoformat(date)  # a bad date is a caller bug: raise
         n_before = self.count()
         COUNTER.replies.clear()
-        calls0 = COUNTER.num_chat_calls
+        calls0, timeouts0 = COUNTER.num_chat_calls, COUNTER.num_chat_timeouts
         COUNTER.chunk_index = chunk_index
         error: BaseException | None = None
         res: dict[str, Any] = {}
@@ -387,7 +387,10 @@ class HyMemoryHarness(Harness):
                 # e.g. a working/coding write without a tool trace is routed to zero-LLM storage
                 return WriteResult(WriteStatus.OK, n_calls, f"no LLM call made: {str(res)[:200]}")
             return WriteResult(
-                WriteStatus.PLATFORM_ERROR, n_calls, f"hy_memory add failed before a reply: {detail!r:.300}"
+                WriteStatus.PLATFORM_ERROR,
+                n_calls,
+                f"hy_memory add failed before a reply: {detail!r:.300}",
+                writer_timeout=COUNTER.num_chat_timeouts > timeouts0,  # the writer's endpoint never answered
             )
         well_formed, repaired, _ = classify_reply(replies[0], self.scene)
         if code in POLICY_ERROR_CODES or not well_formed:

@@ -180,6 +180,8 @@ class Mem0Harness(Harness):
 
             notices._fetch_remote_config = lambda: None  # belt and braces: never reach github
             mem = Memory.from_config(self._mem0_config(bank_dir))
+            if self.llm is not None:  # mem0 builds its OpenAI client without one: the endpoint's own timeout
+                mem.llm.client = mem.llm.client.with_options(timeout=self.llm.timeout_s)
             orig = mem.llm.generate_response
 
             @functools.wraps(orig)
@@ -247,7 +249,7 @@ class Mem0Harness(Harness):
         import mem0.memory.main as mem0_main
 
         self._replies.clear()
-        calls0 = COUNTER.num_chat_calls
+        calls0, timeouts0 = COUNTER.num_chat_calls, COUNTER.num_chat_timeouts
         COUNTER.chunk_index = chunk_index
         # the chunk's date, not today's, in mem0's own prompt builder (see module docstring)
         mem0_main.generate_additive_extraction_prompt = functools.partial(
@@ -269,7 +271,10 @@ class Mem0Harness(Harness):
         if not self._replies:
             # the LLM never answered (HTTP error, timeout, identity refused) or mem0 failed before asking
             return WriteResult(
-                WriteStatus.PLATFORM_ERROR, n_calls, f"mem0 add failed before a reply: {error!r:.300}"
+                WriteStatus.PLATFORM_ERROR,
+                n_calls,
+                f"mem0 add failed before a reply: {error!r:.300}",
+                writer_timeout=COUNTER.num_chat_timeouts > timeouts0,  # the writer's endpoint never answered
             )
         well_formed, repaired, n_mem = classify_reply(self._replies[-1])
         if not well_formed:

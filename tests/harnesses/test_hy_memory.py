@@ -246,3 +246,22 @@ def test_tiny_random_model_output_is_policy_error(tmp_path, server, chat, tiny_r
         res = chat.write_chunk(CHUNK, "s1", "2023-03-05")
         assert res.status is WriteStatus.POLICY_ERROR, res
     assert chat.count() == 0
+
+
+def test_a_writer_endpoint_timeout_is_the_writers_failure(tmp_path, server):
+    """As for mem0: a chat write whose LLM answers slower than its timeout is `writer_timeout`; an HTTP
+    500 is a plain platform error."""
+    llm = Endpoint(server.base_url, "traj-A", "policy", timeout_s=1)
+    emb = Endpoint(server.base_url, "traj-A", "minilm", timeout_s=20)
+    cfg = HarnessConfig(framework="hy_memory", scene="chat", num_retries=0)
+    h = make_harness(cfg, llm, emb, sandbox_root=tmp_path, sandbox_id="traj-A")
+    try:
+        h.open(tmp_path / "bank", create=True)
+        server.set_replies(lambda body: HttpFailure(500))
+        res = h.write_chunk(CHUNK, "s1", "2023-03-05")
+        assert res.status is WriteStatus.PLATFORM_ERROR and not res.writer_timeout
+        server.set_replies(lambda body: HttpFailure(500, delay_s=5.0))
+        res = h.write_chunk(CHUNK, "s2", "2023-03-06")
+        assert res.status is WriteStatus.PLATFORM_ERROR and res.writer_timeout, res
+    finally:
+        h.shutdown()

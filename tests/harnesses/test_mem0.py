@@ -223,3 +223,23 @@ def test_venv_with_wrong_framework_version_is_refused(tmp_path, server):
         h.open(tmp_path / "sb" / "bank", create=True)
     assert not (tmp_path / "sb" / "bank").exists()
     h.shutdown()
+
+
+def test_a_writer_endpoint_timeout_is_the_writers_failure(tmp_path, server):
+    """The LLM answers slower than the writer's timeout: a platform error marked `writer_timeout` (the
+    evaluation scores it 0 for that writer); an HTTP 500 from the same endpoint is not."""
+    llm = Endpoint(server.base_url, "traj-A", "policy", timeout_s=0.5)
+    emb = Endpoint(server.base_url, "traj-A", "minilm", timeout_s=10)
+    h = make_harness(
+        HarnessConfig(framework="mem0", num_retries=0), llm, emb, sandbox_root=tmp_path, sandbox_id="traj-A"
+    )
+    try:
+        h.open(tmp_path / "bank", create=True)
+        server.set_replies(lambda body: HttpFailure(500))
+        res = h.write_chunk(CHUNK, "s1", "d")
+        assert res.status is WriteStatus.PLATFORM_ERROR and not res.writer_timeout
+        server.set_replies(lambda body: HttpFailure(500, delay_s=3.0))
+        res = h.write_chunk(CHUNK, "s2", "d")
+        assert res.status is WriteStatus.PLATFORM_ERROR and res.writer_timeout, res
+    finally:
+        h.shutdown()

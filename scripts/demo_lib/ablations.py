@@ -355,7 +355,13 @@ def verdicts(table: list[Ablation]) -> list[Verdict]:
         p = PREDICTED.get(a.name)
         if p is None or not a.metrics:
             continue
-        common = sorted(set(a.metrics) & set(base.metrics))
+        # a bank metric is None where its data has nothing to count (e.g. no Transition): such a seed
+        # carries no evidence either way
+        common = [
+            s
+            for s in sorted(set(a.metrics) & set(base.metrics))
+            if a.metrics[s][p.metric] is not None and base.metrics[s][p.metric] is not None
+        ]
         xs = [a.metrics[s][p.metric] for s in common]
         ys = [base.metrics[s][p.metric] for s in common]
         if not common:
@@ -381,7 +387,8 @@ def verdicts(table: list[Ablation]) -> list[Verdict]:
     return out
 
 
-def _cell(xs: list[float]) -> str:
+def _cell(xs: list[float | None]) -> str:
+    xs = [x for x in xs if x is not None]  # None: nothing to count in that seed's data
     if not xs:
         return "-"
     m, h = mean_ci(xs)

@@ -81,3 +81,17 @@ def test_verdicts_pair_by_seed_and_judge_the_registered_sign(tmp_path):
     # one seed: no interval, so no verdict either way
     one = verdicts([_arm(BASELINE, [_m(0.5)]), _arm("no_traps", [_m(0.2)])])
     assert math.isnan(one[0].half) and one[0].held == "n/a"
+
+
+def test_a_metric_with_nothing_to_count_drops_that_seed_not_the_table(tmp_path):
+    # history_kept is None where a seed's data holds no Transition: that seed is no evidence, the
+    # others still decide, and the context table prints what it has
+    none = {**_m(0.5), "history_kept": None}
+    base = _arm(BASELINE, [none, {**_m(0.5), "history_kept": 0.6}, {**_m(0.5), "history_kept": 0.7}])
+    cf = _arm(
+        "counterfactual_orm", [none, {**_m(0.5), "history_kept": 0.6}, {**_m(0.5), "history_kept": 0.7}]
+    )
+    (v,) = verdicts([base, cf])
+    assert v.seeds == 2 and v.diff == 0.0 and v.base == pytest.approx(0.65)
+    text = write_table([base, cf], tmp_path / "t.md", steps=24, seeds=3, wall_s=60.0)
+    assert "| counterfactual_orm | `k` | 3 |" in text

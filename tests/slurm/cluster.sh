@@ -44,7 +44,9 @@ SlurmctldPort=6817
 SlurmdPort=6818
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+# a requeued job waits cred_expire+1 s before it may start (its new launch credential must postdate the
+# old one's revocation on the nodes; a forced early start can be refused there): 30 s, not 120 s
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=30
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$DIR/ctld
@@ -59,10 +61,11 @@ JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# the backfill pass that starts a requeued job once its hold ends runs every 5 s, not 30 s
+SchedulerParameters=bf_interval=5
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
-# a requeued job starts again without the default 2-minute hold
 JobRequeue=1
 MinJobAge=300
 SlurmctldTimeout=30

@@ -13,6 +13,7 @@ Skipped with cluster.sh's reason where this machine cannot make network namespac
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -71,12 +72,18 @@ class Slurm:
             info = self.job(job)
             if info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
                 return info
-            if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
-                # Slurm holds a requeued job for a while before it is eligible again (on a cluster
-                # that wait is harmless); an admin's `StartTime=now` skips it here
-                self.exec("scontrol", "update", f"JobId={job}", "StartTime=now")
             time.sleep(2)
-        raise TimeoutError(f"job {job} still {self.job(job)['JobState']} after {timeout} s")
+        state = self.job(job)["JobState"]
+        raise TimeoutError(f"job {job} still {state} after {timeout} s\n{self.daemon_logs(job)}")
+
+    def daemon_logs(self, job: str, lines: int = 40) -> str:
+        """slurmctld's and each slurmd's last lines about `job`: why a launch was refused shows only there."""
+        out = []
+        for log in sorted((self.state / "log").glob("slurm*.log")):
+            text = log.read_text(errors="replace").splitlines()
+            hits = [ln for ln in text if re.search(rf"(JobId=|[Jj]ob |StepId=){job}\b", ln)]
+            out.append(f"--- {log.name}\n" + "\n".join(hits[-lines:]))
+        return "\n".join(out)
 
     def leftovers(self) -> dict[str, list[str]]:
         """Per node: the processes in its namespace other than slurmd (Ray, trainer, sandboxes)."""
@@ -160,7 +167,8 @@ def test_two_node_opd_preempted_requeued_then_rl_reproduce_runs_without_slurm(
     t_step1 = time.time() - t0
     info = slurm.wait_done(job)
     out = (root / "opd_slurm.out").read_text()
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), out
+    state = (info["JobState"], info["ExitCode"], info["Restarts"])
+    assert state == ("COMPLETED", "0:0", "1"), out + slurm.daemon_logs(job)
     assert 'preempted ({"step": 1' in out and f"requeueing job {job}" in out
     second = opd / "slurm" / f"{job}.1"
     assert "resumed from" in (second / "train-hm-n1.log").read_text()

@@ -12,9 +12,12 @@ the ratio. Numbers seen on the 2-core dev box: docs/log/findings.md, "Benchmarks
 """
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,8 +34,6 @@ def main() -> None:
     ap.add_argument("--stage", type=int, default=-1, help="internal: run one stage, print its result")
     args = ap.parse_args()
     if args.stage < 0:
-        import subprocess
-
         res = {}
         for stage in (3, 0):
             cmd = [
@@ -54,9 +55,6 @@ def main() -> None:
         print(f"ZeRO-0 : {t0:.3f} s/step, final loss {l0:.4f}")
         print(f"speed-up of ZeRO off on one CPU rank: {t3 / t0:.2f}x")
         return
-
-    import json
-    import tempfile
 
     from data_pipeline.synthetic import pretraining_documents
     from hymem_train.models.presets import build_model, make_config

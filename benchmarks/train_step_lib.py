@@ -19,6 +19,7 @@ x3 for forward + backward).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -239,8 +240,6 @@ class PlainStep:
         self.device = next(model.parameters()).device
 
     def __call__(self, micro_batches: list[MicroBatch]) -> float:
-        import contextlib
-
         self.policy.train()
         total = 0.0
         for mb in micro_batches:

@@ -11,7 +11,9 @@ broadcasts them, and every rank trains on its share (docs/architecture.md).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -252,9 +254,6 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | No
 def write_placement(stage: Stage, run_dir: Path, **extra: Any) -> dict:
     """Where the driver-side parts run (`<run>/placement.json`): the driver, the gateway's address, the
     policy engine (or its replicas) and the rollout workers, each with its Ray node; `extra`: more parts."""
-    import json
-    import os
-
     import ray
 
     def here() -> dict:

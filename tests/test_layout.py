@@ -3,6 +3,7 @@ import from tests/ or scripts/ (the stage layer redesign, "Modules go where they
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,6 @@ TICKET_RE = re.compile(r"\b[Ii]ssue (?:#?\d+|:)")
 
 
 def outside_references(root: Path) -> list[str]:
-    import subprocess
-
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True, check=True
     ).stdout.split()
@@ -72,8 +71,6 @@ def test_nothing_points_outside_the_repository():
 
 
 def test_outside_reference_check_catches_one(tmp_path):
-    import subprocess
-
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     design, shared, ticket = OUTSIDE_REFS[1], OUTSIDE_REFS[0], "issue" + " 18"
     (tmp_path / "a.py").write_text(f'"""see {design} section 1"""\n')

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import logging
+import os
 import socket
 from collections.abc import Iterable
 from typing import Any
@@ -43,7 +44,6 @@ class EngineReplica:
 
     def info(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
-        import os
 
         return {
             "node_id": ctx.get_node_id(),

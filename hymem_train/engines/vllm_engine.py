@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import itertools
 import json
 import logging
 import os
@@ -249,8 +250,6 @@ class _AsyncRunner:
     continuous = True
 
     def __init__(self, vllm: Any, kwargs: dict[str, Any]):
-        import itertools
-
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -23,6 +23,7 @@ import csv
 import io
 import json
 import math
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,8 +305,6 @@ class _quiet:
     """numpy warns on an all-nan slice (a cell where every item failed); the nan is the answer."""
 
     def __enter__(self):
-        import warnings
-
         self._w = warnings.catch_warnings()
         self._w.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)

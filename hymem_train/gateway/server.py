@@ -16,6 +16,8 @@ rollout as a platform_error, docs/glossary.md) or cut to its last `max_prompt_to
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
 import secrets
@@ -517,7 +519,6 @@ class Gateway:
                 "model_not_found",
                 param="model",
             )
-        import asyncio
 
         vecs = await asyncio.get_running_loop().run_in_executor(None, self.embedder.embed, texts)
         self.counters["embedding_requests"] += 1
@@ -530,8 +531,6 @@ class Gateway:
 
 
 def _stable_seed(*parts: object) -> int:
-    import hashlib
-
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "little")
 
 

@@ -16,6 +16,9 @@ holds the whole module in `mp_rank_00_model_states.pt`, memory-mapped likewise.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import logging
 import re
 from collections.abc import Iterator
@@ -79,8 +82,6 @@ def run_model_source(step_dir: Path, fallback: Any = None) -> tuple[Any, str]:
     or a step checkpoint), so its architecture is that checkpoint's. `fallback` (a ModelConfig) is
     used when the run has no config.yaml (an SFT run).
     """
-    import dataclasses
-
     from omegaconf import OmegaConf
 
     from hymem_train.models.config import ModelConfig
@@ -115,7 +116,6 @@ def hf_config_for(model_cfg: Any, _depth: int = 0):
     if _depth > 8:
         raise CheckpointPathError(f"{model_cfg.path}: init_checkpoint chain longer than 8 runs")
     parent, _ = run_model_source(step_dir_of(model_cfg.path), fallback=None)
-    import dataclasses
 
     return hf_config_for(
         dataclasses.replace(parent, attn_implementation=model_cfg.attn_implementation), _depth + 1
@@ -137,9 +137,6 @@ class DeepSpeedWeights:
         self.step_dir = Path(step_dir)
         optim = sorted(self.step_dir.glob("*_optim_states.pt"))
         if optim:  # ZeRO 1-3: fp32 master weights, consolidated by DeepSpeed per parameter
-            import contextlib
-            import io
-
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
             with contextlib.redirect_stdout(io.StringIO()):  # it prints progress bars and counts

@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
+import signal
+import socket
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -129,13 +133,9 @@ class RolloutWorker:
     def _maybe_exit(self, task: RolloutTask, pos: int) -> None:
         """Fault injection: this worker's process dies (as an OOM kill would) at chunk `pos`."""
         if f"{task.rollout_index}:{pos}" in self.faults.kill_worker:
-            import os
-
             os._exit(17)
 
     def _maybe_kill(self, harness, task: RolloutTask, pos: int):
-        import threading
-
         if f"{task.rollout_index}:{pos}" not in self.faults.kill_sandbox:
             return None
         stop = threading.Event()
@@ -158,9 +158,6 @@ class RolloutWorker:
 
     def where(self) -> dict:
         """The node this worker runs on (Ray's view; the driver's process when not an actor)."""
-        import os
-        import socket
-
         try:
             import ray
 
@@ -310,9 +307,6 @@ def lost_rollout(task: RolloutTask, reason: str) -> RolloutResult:
 
 def kill_sandboxes_until(harness, stop) -> None:
     """SIGKILL every sandbox process the harness starts until `stop` is set (each retry included)."""
-    import os
-    import signal
-
     killed: set[int] = set()
     while not stop.wait(0.05):
         pid = getattr(harness, "pid", None)

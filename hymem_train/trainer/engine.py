@@ -13,8 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
+import random
+import socket
 import time
 
 import torch
@@ -28,8 +32,6 @@ log = logging.getLogger(__name__)
 
 
 def _free_port(host: str) -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -59,8 +61,6 @@ def init_distributed() -> tuple[int, int]:
 
 
 def seed_everything(seed: int) -> None:
-    import random
-
     import numpy as np
 
     random.seed(seed)
@@ -172,8 +172,6 @@ class Trainer:
 
     # ---- one optimizer step ----------------------------------------------------------------------
     def _replay(self, mb: MicroBatch):
-        import contextlib
-
         if self.routing is None or mb.routes_1TLE is None:
             return contextlib.nullcontext()
         return self.routing.replay(mb.routes_1TLE)
@@ -265,8 +263,6 @@ class Trainer:
     def _with_old_logprobs(self, items: list, loss_kind: str) -> list:
         """Collective: copies of `items` whose segments carry the current (pre-update) policy's
         log-probs of their response tokens, computed once for the whole batch."""
-        import dataclasses
-
         from hymem_train.trainer.packing import plan_step
 
         mbs = plan_step(items, self.cfg.packing, loss_kind, self.world_size)[self.rank]

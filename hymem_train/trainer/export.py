@@ -13,6 +13,8 @@ them into `gate_up_proj` / `down_proj` on load), `mlp.shared_mlp.*`, `mlp.expert
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import os
@@ -151,8 +153,6 @@ class ShardedSafetensorsWriter:
 # ---- config, generation config, card ---------------------------------------------------------------------
 def serving_config(hf_config, dtype: torch.dtype | None):
     """A copy of the HYV3Config with every key vLLM's HYV3 model reads written explicitly (docs/export.md)."""
-    import copy
-
     cfg = copy.deepcopy(hf_config)
     kinds = list(cfg.mlp_layer_types)
     k = kinds.index("sparse") if "sparse" in kinds else len(kinds)
@@ -357,8 +357,6 @@ def export_checkpoint(
 
     One process: DeepSpeed step checkpoints are consolidated parameter by parameter from the ranks'
     memory-mapped partition files (hymem_train/models/checkpoint_files.py)."""
-    import dataclasses
-
     from hymem_train.models.checkpoint_files import (
         DeepSpeedWeights,
         checkpoint_kind,

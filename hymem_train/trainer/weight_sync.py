@@ -8,6 +8,7 @@ copied to CPU, and only rank 0 sends. The seconds per sync are logged (`perf/wei
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -93,8 +94,6 @@ def iter_full_param_buckets(
 
             ctx = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
         else:
-            import contextlib
-
             ctx = contextlib.nullcontext()
         with ctx, torch.no_grad():
             out = [(n, p.detach().to("cpu", dtype=dtype or p.dtype, copy=True)) for n, p in bucket]

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -134,9 +137,6 @@ def first_last(rows: list[dict], key: str) -> tuple[float, float] | None:
 
 
 def _run(args: list[str], log_path: Path) -> None:
-    import subprocess
-    import sys
-
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as f:
         r = subprocess.run([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT)
@@ -162,8 +162,6 @@ def run_demo(
 ) -> dict:
     """The whole tiny pipeline; each stage is the real entry point in its own process. `data_seed` draws
     the data (and the pretraining corpus), `run_seed` every training run's seeds: a seed pair."""
-    import time
-
     extra = extra or {}
     root = Path(root)
     t0 = time.perf_counter()

@@ -8,6 +8,8 @@ import logging
 import os
 import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -383,9 +385,6 @@ b.main(sys.argv[1:])
 
 
 def test_real_sigkill_mid_install_is_refused(tmp_path, locomo_path):
-    import subprocess
-    import sys
-
     small = _small_locomo(locomo_path, tmp_path / "small.json")
     out = tmp_path / "out"
     args = ["data=locomo_sample", f"out_dir={out}", f"data.sources=[{{kind:locomo,path:{small}}}]"]

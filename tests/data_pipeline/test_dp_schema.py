@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from datasets import load_from_disk
@@ -137,7 +138,6 @@ def test_read_table_names_row_on_bad_stored_record(tmp_path):
     out = store.write_dataset(tmp_path / "ds", {"probes": [_probe()]}, Manifest("t", ["a"]))
     ds = load_from_disk(str(out / "probes")).map(lambda r: {"kind": "bogus"})
     ds.save_to_disk(str(tmp_path / "tmp_probes"))
-    import shutil
 
     shutil.rmtree(out / "probes")
     shutil.move(str(tmp_path / "tmp_probes"), str(out / "probes"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from data_pipeline.chunking import render_chunk
 from data_pipeline.schema import MAX_WINDOW_CHUNKS, NO_SUCH_RECORD, ProbeKind
 from data_pipeline.synthetic import SyntheticConfig, generate
@@ -89,7 +91,6 @@ def _episodes(doc: str) -> list[list[str]]:
 
 def test_pretraining_documents_are_consistent_copy_episodes():
     # the demo's pretraining stand-in: every answer and restated fact copies what its episode said
-    import re
 
     import pytest
 

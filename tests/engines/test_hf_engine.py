@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -117,8 +119,6 @@ def test_token_logprobs_are_the_next_tokens_raw_logprobs(engine, tok):
 def test_sampled_reverse_kl_is_the_mean_log_ratio_at_the_students_samples(engine, tok):
     """The held-out KL for engines that cannot return a whole vocabulary (vLLM): on a student's own
     samples at temperature 1, the mean of log pi_s - log pi_t estimates the exact reverse KL."""
-    from types import SimpleNamespace
-
     from hymem_train.heldout import sampled_reverse_kl
 
     tm = build_model("tiny", seed=3)
@@ -206,8 +206,6 @@ def test_vllm_engine_absent_gives_clear_message():
 def test_vllm_engine_never_returns_a_capturing_request_without_routes():
     """Silent failure empty-routes at request level (GPU path, no vLLM needed): a capturing engine whose request
     comes back without routed experts raises instead of yielding a segment with none."""
-    from types import SimpleNamespace
-
     from hymem_train.engines.vllm_engine import VLLMEngine
 
     eng = object.__new__(VLLMEngine)  # the parsing only; no vLLM behind it

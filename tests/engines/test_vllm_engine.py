@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -238,8 +239,6 @@ def test_a_sync_waits_for_requests_in_flight_and_holds_new_ones(models, engine):
     on the weights it started with; a request sent while the sync is loading waits for its end and runs
     on the new weights. Without the gate the first is sampled from two policies, the second from a
     half-loaded one, and neither says so."""
-    import time
-
     from hymem_train.engines.base import SamplingParams
     from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
 

@@ -2,6 +2,8 @@
 
 import concurrent.futures as cf
 import json
+import socket
+import time
 
 import httpx
 import numpy as np
@@ -249,9 +251,6 @@ def test_idle_connections_outlive_the_clients_keep_alive(server, gw):
     """The server keeps an idle connection longer than httpx / the openai SDK keep theirs (5 s), so a
     client never sends on a connection the server is closing. With uvicorn's 5 s default, the demo's
     RL died on "Server disconnected without sending a response" after a 5 s idle (session 6)."""
-    import socket
-    import time
-
     from hymem_train.gateway.client import GatewayAdmin
     from hymem_train.gateway.runner import KEEP_ALIVE_S
 

@@ -6,6 +6,7 @@ Skips (with the command that fixes it) when `.venvs/mem0` is absent; CI creates 
 
 import json
 import os
+import random
 import signal
 import subprocess
 
@@ -93,8 +94,6 @@ def test_malformed_output_gives_policy_errors_not_crashes(tmp_path, server, mem0
 
 
 def test_random_bytes_policy_never_crashes(tmp_path, server, mem0):
-    import random
-
     rng = random.Random(1)
     server.set_replies(
         lambda body: "".join(rng.choice('{}[]":,memorytext 01\n`') for _ in range(rng.randint(0, 60)))

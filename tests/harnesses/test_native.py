@@ -1,8 +1,11 @@
 """Native harness: protocol, honest parsing (silent failure malformed-as-platform-error), persistence (1), caps (6), fork, bad input."""
 
+import fcntl
 import json
 import os
+import random
 import sqlite3
+import threading
 
 import pytest
 
@@ -122,8 +125,6 @@ def test_clean_none_is_ok_and_partial_validity_is_reported(tmp_path, server, llm
 
 
 def test_random_garbage_never_crashes(tmp_path, server, llm):
-    import random
-
     rng = random.Random(0)
     alphabet = '{}[]":,opADDtextNONE 0123456789abc\n`'
     server.set_replies(lambda body: "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))))
@@ -269,9 +270,6 @@ def test_concurrent_forks_of_one_parent_all_succeed(tmp_path, server, llm):
     """The report's 8 rollouts of a window fork the same parent at the same moment. The fork-time
     probe used to take the exclusive lock, so a concurrent probe saw the bank "open" and its rollout
     ended as a platform error (found as 6 segments instead of 8 in the 2-rank stage test)."""
-    import fcntl
-    import threading
-
     server.set_replies([ADD_TWO])
     h = NativeHarness(llm)
     h.open(tmp_path / "p", create=True)

@@ -59,8 +59,6 @@ def test_harnesses_imports_neither_torch_nor_hymem_train():
 
 def test_every_framework_names_an_adapter_that_exists():
     """Each registered framework points at a real adapter class path (imported only inside its sandbox)."""
-    from pathlib import Path
-
     from harnesses import registry
 
     root = Path(registry.__file__).resolve().parent.parent

@@ -2,6 +2,7 @@
 must skip, the errors it must raise, and the CLI."""
 
 import json
+import random
 
 import pytest
 
@@ -110,8 +111,6 @@ def test_load_rows_dedups_resumed_steps_and_tolerates_only_a_truncated_tail(tmp_
 
 
 def test_cli_prints_table_and_overrides_and_writes_yaml(tmp_path, capsys):
-    import random
-
     rnd = random.Random(0)
     rows = []
     for i in range(40):  # 40 rollouts x 3 chunks of steady, noisy growth

@@ -2,6 +2,8 @@
 run for real (one RL step each), and the table has a row per ablation."""
 
 import json
+import shutil
+import unittest.mock
 from pathlib import Path
 
 import pytest
@@ -63,8 +65,6 @@ def test_runner_micro_scale_table_shape(tmp_path):
     def refuse(cmd, **kw):
         raise AssertionError(f"started {cmd}")
 
-    import unittest.mock
-
     with (
         unittest.mock.patch.object(ab.subprocess, "run", refuse),
         unittest.mock.patch.object(pl, "_run", refuse),
@@ -90,7 +90,6 @@ def test_runner_micro_scale_table_shape(tmp_path):
     )  # the overlays as they are
     # point the manifest at the run made above and a copy of it whose final checkpoint is the SFT
     # student (evaluated from its own directory), plus one that never ran
-    import shutil
 
     base_dir = tmp_path / "out" / "baseline" / "seed0"
     moved = tmp_path / "out" / "no_traps" / "seed0"

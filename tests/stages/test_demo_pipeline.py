@@ -4,6 +4,7 @@ no conversation with the demonstrations; the report reads first/last values from
 checks its predictions against the paired bank-metric differences."""
 
 import json
+import random
 
 from data_pipeline.ledger import gold_records, parse_record
 from data_pipeline.store import BuiltDataset
@@ -135,8 +136,6 @@ def test_report_reads_first_and_last_values(tmp_path):
 def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
     """The demo's RL gets bounds calibrated from the OPD run's bank sizes; without enough recorded
     writes it keeps the config's and the report says why."""
-    import random
-
     from reward.bank_sizes import BANK_SIZES_FILE
 
     args, line = growth_overrides(tmp_path)

@@ -19,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from hymem_train.models.checkpoint_files import DeepSpeedWeights
+from hymem_train.trainer.config import TrainerConfig
+
 OVERRIDES = dict(
     num_hidden_layers=8,
     hidden_size=512,
@@ -40,7 +43,6 @@ def _config():
 
 def save(out: Path) -> None:
     from hymem_train.models.presets import build_model
-    from hymem_train.trainer.config import TrainerConfig
     from hymem_train.trainer.engine import Trainer
 
     tr = Trainer(
@@ -63,7 +65,6 @@ def _status() -> dict[str, int]:
 def export(out: Path) -> None:
     import torch
 
-    from hymem_train.models.checkpoint_files import DeepSpeedWeights
     from hymem_train.models.tokenizer import default_tokenizer
     from hymem_train.trainer.export import CardInfo, skeleton_entries, write_hf_dir
 

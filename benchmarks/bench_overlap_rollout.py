@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.demo_lib.pipeline import growth_overrides
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -33,8 +35,6 @@ PHASES = ("rollout", "reward", "train", "sync")
 
 
 def run_mode(root: Path, out: Path, steps: int, overlap: bool) -> tuple[dict[int, dict], float]:
-    from scripts.demo_lib.pipeline import growth_overrides
-
     growth, _ = growth_overrides(root / "opd")
     cmd = [
         sys.executable,

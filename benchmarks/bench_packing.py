@@ -18,6 +18,8 @@ import argparse
 import os
 import time
 
+from hymem_train.trainer.config import LossConfig
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
@@ -91,7 +93,6 @@ def main() -> None:
     )
 
     from hymem_train.models.presets import build_model, make_config
-    from hymem_train.trainer.config import LossConfig
     from hymem_train.trainer.policy import PolicyLoss
 
     model = build_model(make_config("tiny", attn_implementation="sdpa"), seed=0)

@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from hymem_train.trainer.config import LossConfig, PackingConfig, TrainerConfig
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -97,7 +99,6 @@ def main(argv: list[str] | None = None) -> None:
     import train_step_lib as lib
 
     from hymem_train.models.presets import build_model, count_params, make_config
-    from hymem_train.trainer.config import LossConfig, PackingConfig, TrainerConfig
     from hymem_train.trainer.engine import Trainer
     from hymem_train.trainer.packing import plan_step
 

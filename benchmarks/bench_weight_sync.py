@@ -24,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from hymem_train.trainer.weight_group import WeightBroadcaster, open_weight_group, receive_weights
+from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,7 +51,6 @@ def _model(args, seed: int):
 
 def replica_main(args) -> None:
     from hymem_train.engines.hf import HFEngine
-    from hymem_train.trainer.weight_group import open_weight_group, receive_weights
 
     torch.set_num_threads(1)
     engine = HFEngine(_model(args, seed=1), [2], pad_token_id=0)
@@ -73,8 +75,6 @@ def main() -> None:
         return replica_main(args)
 
     from hymem_train.engines.hf import HFEngine
-    from hymem_train.trainer.weight_group import WeightBroadcaster, open_weight_group
-    from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
 
     torch.set_num_threads(1)
     trained = _model(args, seed=0)

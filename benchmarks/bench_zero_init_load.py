@@ -22,6 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from hymem_train.models.config import ModelConfig
+from hymem_train.trainer.config import TrainerConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -37,8 +40,6 @@ def _rss() -> dict[str, int]:
 def worker(hf: str, zero_init: bool, out: str) -> None:
     import torch
 
-    from hymem_train.models.config import ModelConfig
-    from hymem_train.trainer.config import TrainerConfig
     from hymem_train.trainer.engine import init_distributed, load_trainer_model
 
     torch.set_num_threads(1)

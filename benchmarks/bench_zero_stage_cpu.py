@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hymem_train.trainer.config import LossConfig, PackingConfig, TrainerConfig
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -60,7 +62,6 @@ def main() -> None:
     from hymem_train.models.presets import build_model, make_config
     from hymem_train.models.tokenizer import default_tokenizer
     from hymem_train.sft import load_segments
-    from hymem_train.trainer.config import LossConfig, PackingConfig, TrainerConfig
     from hymem_train.trainer.engine import Trainer
     from hymem_train.trainer.packing import TrainItem, plan_step
 

@@ -39,6 +39,10 @@ import time
 import traceback
 from pathlib import Path
 
+from hymem_train.trainer.chunked_head import chunked_head
+from hymem_train.trainer.config import PackingConfig
+from hymem_train.trainer.losses import opd_token_loss, ppo_token_loss
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -120,7 +124,6 @@ def _mem_peak(device) -> int | None:
 # ---- 1. training step -------------------------------------------------------------------------------
 def train_step(device, dtype, S: dict, state: dict) -> dict:
     from hymem_train.models.presets import count_params
-    from hymem_train.trainer.config import PackingConfig
     from hymem_train.trainer.packing import plan_step
 
     peak0 = lib.matmul_peak(device, dtype, S["matmul_n"])
@@ -183,9 +186,6 @@ def train_step(device, dtype, S: dict, state: dict) -> dict:
 
 # ---- 2. chunked loss vs naive -------------------------------------------------------------------------
 def _loss_case(kind: str, path: str, T: int, N: int, H: int, V: int, device, dtype, K: int = 50):
-    from hymem_train.trainer.chunked_head import chunked_head
-    from hymem_train.trainer.losses import opd_token_loss, ppo_token_loss
-
     g = torch.Generator().manual_seed(0)
     hidden = (torch.randn(T, H, generator=g) * 0.02).to(device, dtype).requires_grad_()
     weight = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype).requires_grad_()
@@ -262,7 +262,6 @@ def chunked_loss(device, dtype, S: dict, state: dict) -> dict:
 
 # ---- 3. routing replay parity -------------------------------------------------------------------------
 def _parity_batch(model, S: dict):
-    from hymem_train.trainer.config import PackingConfig
     from hymem_train.trainer.packing import plan_step
 
     items = lib.make_step_items(

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hymem_train.models.routing import RoutingController
 from hymem_train.segments import NOT_ROUTED, Segment
+from hymem_train.trainer.config import LossConfig
 from hymem_train.trainer.packing import MicroBatch, TrainItem
 
 EXPERTS_IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")  # HYV3's @use_experts_implementation
@@ -227,8 +229,6 @@ class PlainStep:
     without DeepSpeed (the GPU check); parameters stay in the model's dtype (bf16 there)."""
 
     def __init__(self, model, loss_kind: str = "ppo", lr: float = 5e-6, max_grad_norm: float = 1.0):
-        from hymem_train.models.routing import RoutingController
-        from hymem_train.trainer.config import LossConfig
         from hymem_train.trainer.policy import PolicyLoss
 
         model.config.use_cache = False

@@ -35,6 +35,9 @@ from hymem_train.evaluation.matrix import Endpoints, MatrixRun, held_out, plan_m
 from hymem_train.evaluation.report import build_table, write_outputs
 from hymem_train.run_config import EvaluateConfig
 from reward.eval_protocol import metric_for
+from reward.judge import Reader
+from reward.llm import ChatClient
+from reward.reader_checks import preflight_to
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +189,6 @@ def reader_preflight(cfg: EvaluateConfig, run_dir: Path, datasets: dict[str, Any
     """On ledger-world data: does the fixed reader read the bank? The four figures go to
     <run_dir>/reader_preflight.json and the log; a failed check stops the run before any writer
     (reward.reader_checks)."""
-    from reward.judge import Reader
-    from reward.llm import ChatClient
-    from reward.reader_checks import preflight_to
-
     preflight_to(
         run_dir / "reader_preflight.json",
         datasets,

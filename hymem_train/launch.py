@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hymem_train.config import ConfigError, compose, to_typed
+from hymem_train.plan import make_plan
 from hymem_train.preemption import MARKER, REQUEST
 from hymem_train.run_config import OpdConfig, RlConfig, StageConfig
 
@@ -69,7 +70,6 @@ def layout(cfg: StageConfig) -> Layout:
     run_dir = Path(cfg.run.output_dir).resolve()
     if cl.num_gpus_per_node == 0:  # CPU nodes: one trainer rank on each
         return Layout(run_dir, cl.num_nodes, 1, 0)
-    from hymem_train.plan import make_plan  # torch and the model presets: only for GPU allocations
 
     plan = make_plan(cfg)  # PlanError (a ValueError) names what does not fit
     train = plan.pools[0]  # the trainer's pool always comes first, from GPU 0

@@ -18,7 +18,7 @@ from hymem_train.config import ClusterConfig, ConfigError, LoggingConfig, RunCon
 from hymem_train.engines.config import EngineConfig
 from hymem_train.evaluation.config import MatrixConfig, StageSwapEval
 from hymem_train.gateway.config import GatewayConfig
-from hymem_train.models.config import ModelConfig
+from hymem_train.models.config import DTYPE_NAMES, ModelConfig
 from hymem_train.rollout.config import RolloutConfig
 from hymem_train.trainer.config import TrainerConfig
 from reward.config import RewardConfig
@@ -284,8 +284,6 @@ class ExportConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> None:
-        from hymem_train.models.config import DTYPE_NAMES
-
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype {self.dtype!r} not in {sorted(DTYPE_NAMES)}")
         if self.max_shard_mb < 1:

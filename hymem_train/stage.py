@@ -28,9 +28,11 @@ from hymem_train.callbacks.dumps import StepDumps
 from hymem_train.callbacks.gateway_counters import GatewayCounterDeltas
 from hymem_train.callbacks.step_profile import StepProfileReport
 from hymem_train.checkpointing import StageCheckpoints
+from hymem_train.cluster import check_ray_capacity, init_ray
 from hymem_train.config import to_yaml
 from hymem_train.logger import MetricsLogger, StepTimer
 from hymem_train.preemption import Preemption
+from hymem_train.rollout.harness_factory import BankReaderFactory
 from hymem_train.run_config import StageConfig
 
 if TYPE_CHECKING:  # annotations only: each of these pulls torch, Ray or transformers
@@ -131,13 +133,11 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | No
     import torch
 
     from data_pipeline.store import BuiltDataset, HarnessDatasets
-    from hymem_train.cluster import check_ray_capacity, init_ray
     from hymem_train.engines.serving import build_served_engine, engine_model_cfg
     from hymem_train.gateway.runner import GatewayServer
     from hymem_train.gateway.server import Gateway
     from hymem_train.models.loading import load_tokenizer_for, require_local_dir
     from hymem_train.rollout.collector import RolloutCollector
-    from hymem_train.rollout.harness_factory import BankReaderFactory
     from hymem_train.rollout.lineage import BankLineage
     from hymem_train.rollout.pool import RolloutPool
     from hymem_train.rollout.scheduler import ScheduleError, WindowScheduler

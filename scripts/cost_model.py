@@ -18,6 +18,8 @@ import math
 import sys
 from pathlib import Path
 
+from hymem_train.callbacks.step_profile import breakdown, mean_row, read_metrics
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: hymem_train
 
 # CITED: dense BF16 peak and HBM bandwidth per GPU
@@ -69,7 +71,6 @@ def model_shape() -> dict:
 
 def measured(rl_dir: Path, opd_dir: Path) -> dict:
     """MEASURED: per-chunk counts of the CPU runs (steps without a held-out evaluation)."""
-    from hymem_train.callbacks.step_profile import breakdown, mean_row, read_metrics
 
     def one(d: Path, rollouts_key: tuple[str, str]) -> dict:
         cfg = _config_numbers(d / "config.yaml")

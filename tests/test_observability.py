@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hymem_train.config import LoggingConfig
+from hymem_train.config import LoggingConfig, compose, to_typed
 from hymem_train.logger import WANDB_ID_FILE, MetricsLogger
+from hymem_train.models.config import ModelConfig
+from hymem_train.run_config import RlConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +70,6 @@ def test_missing_init_checkpoint_names_the_key():
 
 
 def test_missing_model_path_names_the_key_not_a_repo_id(tmp_path):
-    from hymem_train.models.config import ModelConfig
     from hymem_train.models.loading import load_model
 
     with pytest.raises(FileNotFoundError, match=r"model.path='.*/absent': no such directory"):
@@ -76,9 +77,7 @@ def test_missing_model_path_names_the_key_not_a_repo_id(tmp_path):
 
 
 def test_missing_30b_path_names_the_key_not_the_tokenizer_build():
-    from hymem_train.config import compose, to_typed
     from hymem_train.models.loading import load_tokenizer_for
-    from hymem_train.run_config import RlConfig
 
     model = to_typed(compose("rl", ["+exp=hy_memory_rl"]), RlConfig).model
     with pytest.raises(FileNotFoundError) as e:

@@ -19,6 +19,7 @@ from hymem_train.callbacks.step_profile import (
 )
 from hymem_train.logger import StepTimer
 from reward.harness_rewards import reduce_group_metrics
+from scripts.cost_model import decode_step_s, fwd_flops_per_token
 
 # step 0: the start-up evaluation (4 batches of 2.5 requests). Step 1: logged before the rollout phase
 # had its own counters, and evaluated: occupancy is derived from the cumulative mean, gateway counts
@@ -262,7 +263,6 @@ def test_reward_token_counters_are_summed_over_groups():
 
 def test_cost_model_arithmetic_by_hand():
     # scripts/cost_model.py (the docs/performance.md projection) on a 2-layer toy: numbers by hand
-    from scripts.cost_model import decode_step_s, fwd_flops_per_token
 
     m = dict(flop_params=1e9, L=2, qdim=100, total=11e9, embed=1e9, experts=8e9, E=8, k=2, kv_bytes=1000)
     # 2 x 1e9 + 4 x 2 layers x 100 x 50 context

@@ -26,6 +26,8 @@ import ray
 import torch
 
 from hymem_train.engines.base import GenerationOutput, SamplingParams, TopKLogprobs
+from hymem_train.engines.factory import build_engine
+from hymem_train.trainer.weight_group import WeightBroadcaster, open_weight_group, receive_weights
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +38,6 @@ class EngineReplica:
     """One engine in its own process (a Ray actor)."""
 
     def __init__(self, engine_cfg: Any, model_cfg: Any, tokenizer: Any):
-        from hymem_train.engines.factory import build_engine
-
         torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
         self.engine = build_engine(engine_cfg, model_cfg, tokenizer)
         self.group = None
@@ -72,13 +72,9 @@ class EngineReplica:
         self.engine.wake_up()
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
-        from hymem_train.trainer.weight_group import open_weight_group
-
         self.group = open_weight_group(host, port, rank, world_size, backend)
 
     def receive_weights(self) -> dict[str, float]:
-        from hymem_train.trainer.weight_group import receive_weights
-
         if self.group is None:
             raise RuntimeError("receive_weights before join_weight_group")
         return receive_weights(self.group, self.engine)
@@ -217,8 +213,6 @@ class ReplicaPool:
         )
 
     def _open_group(self) -> None:
-        from hymem_train.trainer.weight_group import WeightBroadcaster, open_weight_group
-
         host = ray.util.get_node_ip_address()  # the driver's routable address: replicas may be elsewhere
         with socket.socket() as s:
             s.bind((host, 0))

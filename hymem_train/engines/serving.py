@@ -9,6 +9,7 @@ from pathlib import Path
 from hymem_train.engines.base import Engine
 from hymem_train.engines.config import EngineConfig
 from hymem_train.engines.factory import build_engine
+from hymem_train.engines.vllm_engine import SERVING_KEYS
 from hymem_train.models.checkpoint_files import checkpoint_kind
 from hymem_train.models.config import ModelConfig
 
@@ -46,7 +47,6 @@ def engine_model_cfg(
     if engine_kind != "vllm":
         return model_cfg
     # torch: only when a vLLM engine needs an export
-    from hymem_train.engines.vllm_engine import SERVING_KEYS
     from hymem_train.trainer.export import export_checkpoint
 
     if model_cfg.path and checkpoint_kind(model_cfg.path) != "deepspeed":

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from data_pipeline.store import atomic_write_text
 from harnesses.base import write_json_atomic
 from harnesses.registry import make_harness
 from hymem_train.evaluation.matrix import HarnessPlan, MatrixRun, Unit, ledger_sequences, release_harness
@@ -140,7 +141,6 @@ def write_bank_metrics(matrix: MatrixRun, plans: list[HarnessPlan]) -> Path | No
         "harnesses": res,
     }
     write_json_atomic(matrix.out / "bank_metrics.json", doc)
-    from data_pipeline.store import atomic_write_text
 
     atomic_write_text(matrix.out / "bank_metrics.md", md)
     return matrix.out / "bank_metrics.md"

@@ -13,6 +13,7 @@ from typing import Any
 
 from hymem_train.engines import build_engine
 from hymem_train.engines.config import EngineConfig
+from hymem_train.engines.serving import build_served_engine, engine_model_cfg
 from hymem_train.gateway.config import GatewayConfig
 from hymem_train.gateway.runner import GatewayServer
 from hymem_train.gateway.server import Gateway
@@ -58,8 +59,6 @@ def start_frozen_pool(
     (vLLM on a GPU cluster, HF actors on a CPU one), each `tensor_parallel_size` GPUs, behind one
     frozen gateway in the driver that spreads each batch over them. `export_dir`: where a vLLM engine's
     loadable copy of a training checkpoint is written (engines/serving.py engine_model_cfg)."""
-    from hymem_train.engines.serving import build_served_engine, engine_model_cfg
-
     pool = getattr(cluster.placement, role)
     cfg = dataclasses.replace(
         engine_cfg,

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hymem_train.models.config import ModelConfig
+
 log = logging.getLogger(__name__)
 
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -83,8 +85,6 @@ def run_model_source(step_dir: Path, fallback: Any = None) -> tuple[Any, str]:
     used when the run has no config.yaml (an SFT run).
     """
     from omegaconf import OmegaConf
-
-    from hymem_train.models.config import ModelConfig
 
     cfg_file = run_dir_of(step_dir) / "config.yaml"
     if not cfg_file.is_file():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hymem_train.models.preset_table import PRESETS
+
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
@@ -24,6 +26,4 @@ class ModelConfig:
 
 
 def _preset_names() -> list[str]:
-    from hymem_train.models.preset_table import PRESETS
-
     return sorted(PRESETS)

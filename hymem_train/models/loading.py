@@ -14,8 +14,10 @@ from pathlib import Path
 
 import torch
 
+from hymem_train.models.checkpoint_files import DeepSpeedWeights, hf_config_for, step_dir_of
 from hymem_train.models.config import ModelConfig
 from hymem_train.models.presets import build_model, make_config
+from hymem_train.models.tokenizer import ASSET_DIR, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,8 +65,6 @@ def load_model(cfg: ModelConfig):
 
 
 def load_tokenizer_for(cfg: ModelConfig):
-    from hymem_train.models.tokenizer import ASSET_DIR, load_tokenizer
-
     key = "model.tokenizer_path" if cfg.tokenizer_path else "model.path" if cfg.path else ""
     return load_tokenizer(cfg.tokenizer_path or cfg.path or ASSET_DIR, key=key)
 
@@ -76,8 +76,6 @@ def load_step_checkpoint(cfg: ModelConfig):
     model is built partitioned and rank 0 reads and scatters one consolidated parameter at a time."""
     from transformers import HYV3ForCausalLM
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-    from hymem_train.models.checkpoint_files import DeepSpeedWeights, hf_config_for, step_dir_of
 
     hf_config = hf_config_for(cfg)
     zero3 = is_deepspeed_zero3_enabled()

@@ -24,9 +24,12 @@ import time
 import torch
 from torch import nn
 
+from hymem_train.models.loading import load_model
+from hymem_train.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hymem_train.trainer.config import TrainerConfig
-from hymem_train.trainer.packing import MicroBatch
+from hymem_train.trainer.packing import MicroBatch, plan_step, plan_updates
 from hymem_train.trainer.policy import PolicyLoss
+from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +111,6 @@ def load_trainer_model(model_cfg, cfg: TrainerConfig) -> nn.Module:
     scatters one module at a time; the other ranks read shapes only); a DeepSpeed step checkpoint is
     copied one consolidated parameter at a time (`load_step_checkpoint`). A preset (no path) is built
     whole: presets are the generated test models. Needs torch.distributed, so it starts it."""
-    from hymem_train.models.loading import load_model
-
     if cfg.zero_stage != 3 or not cfg.zero_init or not model_cfg.path:
         return load_model(model_cfg)
     init_distributed()
@@ -238,8 +239,6 @@ class Trainer:
         log-probs (`ratio_source: rollout`) or against the policy before the batch's first update
         (`recompute`, computed once here). Metrics: the mean over updates (`perf/step_seconds`: the
         sum), `train/num_updates`; each update's own in `self.last_update_metrics`."""
-        from hymem_train.trainer.packing import plan_step, plan_updates
-
         cfg = self.cfg
         n_updates = cfg.num_ppo_epochs * cfg.num_mini_batches if loss_kind == "ppo" else 1
         if n_updates == 1:
@@ -263,8 +262,6 @@ class Trainer:
     def _with_old_logprobs(self, items: list, loss_kind: str) -> list:
         """Collective: copies of `items` whose segments carry the current (pre-update) policy's
         log-probs of their response tokens, computed once for the whole batch."""
-        from hymem_train.trainer.packing import plan_step
-
         mbs = plan_step(items, self.cfg.packing, loss_kind, self.world_size)[self.rank]
         self.recompute_old_logprobs(mbs)
         by_key: dict[str, list[float]] = {}
@@ -301,14 +298,10 @@ class Trainer:
     # ---- checkpoint / weight sync -------------------------------------------------------------------
     def save(self, save_dir: str, client_state: dict | None = None) -> str:
         """Collective. `client_state` carries the data cursor; the trainer step is added here."""
-        from hymem_train.trainer.checkpoint import save_checkpoint
-
         return str(save_checkpoint(self.engine, save_dir, self.step, dict(client_state or {})))
 
     def load(self, load_dir: str, tag: str | None = None) -> dict:
         """Collective. Restores model, optimizer, scheduler, RNG; returns the saved client state."""
-        from hymem_train.trainer.checkpoint import load_checkpoint
-
         state = load_checkpoint(self.engine, load_dir, tag)
         self.step = int(state["step"])
         return state
@@ -328,8 +321,6 @@ class Trainer:
 
     def sync_weights(self, receivers: list, version: int, cfg=None) -> dict[str, float]:
         """Collective. Pushes the HF model's weights to `receivers` from rank 0 in buckets."""
-        from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
-
         return sync_weights(self.model, receivers, version, cfg or WeightSyncConfig(), self.rank)
 
     def _metrics(self, tot: dict[str, float], grad_norm, seconds: float) -> dict[str, float]:

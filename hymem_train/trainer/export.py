@@ -30,6 +30,7 @@ import torch
 from hymem_train.models.config import ModelConfig
 from hymem_train.models.loading import DTYPES, load_tokenizer_for
 from hymem_train.trainer.names import out_dtype, persistent_buffers, serving_tensors
+from hymem_train.trainer.weight_sync import iter_full_param_buckets
 
 log = logging.getLogger(__name__)
 
@@ -317,8 +318,6 @@ def write_hf_dir(
 
 
 def _live_tensors(model, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
-    from hymem_train.trainer.weight_sync import iter_full_param_buckets
-
     for bucket in iter_full_param_buckets(model, bucket_bytes):  # collective under ZeRO-3
         yield from bucket
     yield from persistent_buffers(model).items()

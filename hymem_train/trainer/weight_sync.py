@@ -18,6 +18,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from hymem_train.trainer.names import out_dtype, serving_tensors
+
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +40,6 @@ def as_served(
         return [(n, t if dtype is None or not t.is_floating_point() else t.to(dtype)) for n, t in bucket]
     if weight_names != "serving":
         raise ValueError(f"weight receiver: weight_names={weight_names!r}, want 'hf' or 'serving'")
-    from hymem_train.trainer.names import out_dtype, serving_tensors
 
     # fused experts split per expert; the router stays fp32 as vLLM builds it
     return [(m, v.to(out_dtype(m, v, dtype))) for n, t in bucket for m, v in serving_tensors(n, t)]

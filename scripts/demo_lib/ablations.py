@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts.demo_lib.pipeline import _run, growth_overrides
+
 # Bumped when what a finished run means changes, so an old run is re-run rather than reused.
 # v3: no in-run held-out evaluation; the table reads the per-seed writer-swap evaluation's bank metrics.
 RUN_VERSION = "v3"
@@ -151,7 +153,6 @@ def run_table(
     """Every ablation x seed as a real `python -m hymem_train.rl` run (reused when already finished),
     `jobs` at a time (each with cores/jobs torch threads), then `evaluate_seeds`."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from scripts.demo_lib.pipeline import growth_overrides
 
     for need in (root / "opd" / "final", root / "sft" / "final", root / "data" / "prompts" / "native"):
         if not need.exists():
@@ -228,8 +229,6 @@ def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) ->
     """Per seed, one writer-swap evaluation over the held-out data with the bounds, the OPD start and
     every arm's final checkpoint; fills each arm's `metrics` and `zero_adv`. Reused while its writers
     and their runs are unchanged."""
-    from scripts.demo_lib.pipeline import _run
-
     for seed in sorted({s for a in table for s in a.runs}):
         arms = [a for a in table if seed in a.runs]
         writers = [

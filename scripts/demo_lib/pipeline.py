@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from harnesses.registry import HarnessConfig
+
 log = logging.getLogger(__name__)
 
 # the demo teacher's planted flaws (data_pipeline/ledger_oracle.py `Flaws`): what RL can fix
@@ -62,8 +64,6 @@ def build_data(
 
 def demo_harness():
     """The native harness the demo's stages write through (configs/exp/demo_*.yaml hold the same)."""
-    from harnesses.registry import HarnessConfig
-
     h = HarnessConfig(framework="native", in_process=True)
     h.native.max_tokens, h.native.num_context_memories = 96, 6
     return h

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hymem_train.trainer.config import PackingConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -19,7 +21,6 @@ def test_step_flops_counts_real_tokens_loss_positions_and_per_segment_attention(
     import train_step_lib as lib
 
     from hymem_train.models.presets import count_params, make_config
-    from hymem_train.trainer.config import PackingConfig
     from hymem_train.trainer.packing import plan_step
     from tests.trainer.helpers import make_items
 

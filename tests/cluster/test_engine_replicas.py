@@ -8,6 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from hymem_train.engines.base import SamplingParams
+from hymem_train.engines.config import EngineConfig
+from hymem_train.engines.factory import build_engine
+from hymem_train.models.config import ModelConfig
+from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
+
 pytestmark = pytest.mark.slow  # a two-node Ray cluster and two engine processes (~1 min)
 
 
@@ -38,14 +44,9 @@ def _outputs_equal(a, b):
 def test_two_replicas_on_two_nodes_match_one_engine_and_take_a_sync(two_nodes, tmp_path):
     import ray
 
-    from hymem_train.engines.base import SamplingParams
-    from hymem_train.engines.config import EngineConfig
-    from hymem_train.engines.factory import build_engine
     from hymem_train.engines.replicas import ReplicaPool
-    from hymem_train.models.config import ModelConfig
     from hymem_train.models.presets import build_model, make_config
     from hymem_train.models.tokenizer import default_tokenizer
-    from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
 
     tok = default_tokenizer()
     build_model(make_config("tiny"), seed=0).save_pretrained(tmp_path / "m")

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from data_pipeline.annotate import AnnotatorConfig
 from hymem_train.config import CONFIG_DIR
-from hymem_train.trainer.config import TrainerConfig
+from hymem_train.trainer.config import LossConfig, TrainerConfig
 from reward.config import RewardConfig
 
 CONFIGS = Path(CONFIG_DIR)
@@ -111,8 +111,6 @@ def test_override_targets_are_still_repeated_defaults():
 
 
 def test_the_check_catches_a_repeated_default():
-    from hymem_train.trainer.config import LossConfig
-
     assert _repeated_defaults({"lr": 1e-6, "weight_decay": 0.0}, TrainerConfig, "") == [("weight_decay", 0.0)]
     assert _repeated_defaults({"kind": "ppo", "clip_low": 0.2}, LossConfig, "loss.") == [
         ("loss.clip_low", 0.2)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import data_pipeline.build as build_mod
 from data_pipeline import store
 from data_pipeline.build import BuildError, build, load_config, main, usage
 from data_pipeline.chunking import ChunkingConfig, chunk_sequence, load_tokenizer, render_chunk
@@ -267,8 +268,6 @@ def test_killed_build_is_recognisable_and_refused(tmp_path, locomo_path, monkeyp
     old_id = store.read_manifest(outs["mem0"]).config["build_id"]
     assert json.loads((out / "build.json").read_text())["profiles"] == {"mem0": old_id, "memos": old_id}
 
-    import data_pipeline.build as build_mod
-
     real_install = build_mod.install_profile
     installed = []
 
@@ -310,7 +309,6 @@ def test_failed_profile_leaves_previous_output(tmp_path, locomo_path, monkeypatc
     small = _small_locomo(locomo_path, tmp_path / "small.json")
     outs, _ = build(_cfg(tmp_path, small, profiles=("mem0", "memos")))
     before = {p: store.read_manifest(d).config["build_id"] for p, d in outs.items()}
-    import data_pipeline.build as build_mod
 
     real = build_mod.build_profile
 

@@ -17,7 +17,7 @@ from data_pipeline.chunking import (
     render_turn,
     select_subsample,
 )
-from data_pipeline.schema import MAX_WINDOW_CHUNKS, Sequence, Session, Turn
+from data_pipeline.schema import MAX_WINDOW_CHUNKS, Chunk, Sequence, Session, Turn
 
 WORDS = st.sampled_from(["a", "bb", "dog", "Rex", "moved", "Lisbon", "hi", "ok", "the"])
 
@@ -93,8 +93,6 @@ def test_chunker_properties(seq, cfg):
     k=st.integers(1, MAX_WINDOW_CHUNKS),
 )
 def test_window_builder_properties(lengths, k):
-    from data_pipeline.schema import Chunk
-
     chunks = [Chunk(f"seq{s}", i, [Turn("t", "A", "x")], "") for s, n in enumerate(lengths) for i in range(n)]
     windows = build_windows(chunks, k)
     assert build_windows(chunks, k) == windows
@@ -109,8 +107,6 @@ def test_window_builder_properties(lengths, k):
 
 
 def test_window_builder_rejects_gaps_and_big_windows():
-    from data_pipeline.schema import Chunk
-
     chunks = [Chunk("s", i, [], "") for i in (0, 1, 3)]
     with pytest.raises(ValueError, match="not 0..2"):
         build_windows(chunks, 2)

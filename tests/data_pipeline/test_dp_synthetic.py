@@ -6,7 +6,7 @@ import re
 
 from data_pipeline.chunking import render_chunk
 from data_pipeline.schema import MAX_WINDOW_CHUNKS, NO_SUCH_RECORD, ProbeKind
-from data_pipeline.synthetic import SyntheticConfig, generate
+from data_pipeline.synthetic import CHITCHAT, FRIENDS, SLOTS, SyntheticConfig, generate, pretraining_documents
 
 
 def _data(**kw):
@@ -93,8 +93,6 @@ def test_pretraining_documents_are_consistent_copy_episodes():
     # the demo's pretraining stand-in: every answer and restated fact copies what its episode said
 
     import pytest
-
-    from data_pipeline.synthetic import CHITCHAT, FRIENDS, SLOTS, pretraining_documents
 
     def stated(text: str) -> list[str]:
         return [v for sl in SLOTS for v in sl.values if re.search(rf"\b{v}\b", text)]

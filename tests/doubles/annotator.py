@@ -16,6 +16,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from tests.doubles.openai_server import HttpFailure
+
 
 def user_payload(body: dict[str, Any]) -> dict[str, Any]:
     """The JSON task payload of an annotation request (the first user message)."""
@@ -103,8 +105,6 @@ def failing_override(mode: str) -> Callable[[str, dict[str, Any], int], Any]:
     "context": HTTP 400 context-length error (a server started with too small a --max-model-len);
     "json": prose instead of JSON (a server without structured output, use_json_schema ignored).
     """
-    from tests.doubles.openai_server import HttpFailure
-
     if mode == "context":
         return lambda which, payload, attempt: HttpFailure(400, body=CONTEXT_TOO_LONG)
     if mode == "json":

@@ -6,6 +6,8 @@ import torch
 
 from hymem_train.engines.base import PromptTooLongError, SamplingParams
 from hymem_train.engines.hf import HFEngine
+from hymem_train.engines.vllm_engine import VLLMEngine
+from hymem_train.heldout import sampled_reverse_kl
 from hymem_train.models import NOT_ROUTED, RoutingController, build_model
 from hymem_train.models.tokenizer import default_tokenizer
 
@@ -119,8 +121,6 @@ def test_token_logprobs_are_the_next_tokens_raw_logprobs(engine, tok):
 def test_sampled_reverse_kl_is_the_mean_log_ratio_at_the_students_samples(engine, tok):
     """The held-out KL for engines that cannot return a whole vocabulary (vLLM): on a student's own
     samples at temperature 1, the mean of log pi_s - log pi_t estimates the exact reverse KL."""
-    from hymem_train.heldout import sampled_reverse_kl
-
     tm = build_model("tiny", seed=3)
     with torch.no_grad():
         tm.lm_head.weight.mul_(40)  # a sharp teacher: a reverse KL well above the estimate's noise
@@ -197,7 +197,6 @@ def test_vllm_engine_absent_gives_clear_message():
         pytest.skip("vLLM installed here")
     except ImportError:
         pass
-    from hymem_train.engines.vllm_engine import VLLMEngine
 
     with pytest.raises(ImportError, match=r"\.\[vllm\]"):
         VLLMEngine("/nonexistent", [1])
@@ -206,8 +205,6 @@ def test_vllm_engine_absent_gives_clear_message():
 def test_vllm_engine_never_returns_a_capturing_request_without_routes():
     """Silent failure empty-routes at request level (GPU path, no vLLM needed): a capturing engine whose request
     comes back without routed experts raises instead of yielding a segment with none."""
-    from hymem_train.engines.vllm_engine import VLLMEngine
-
     eng = object.__new__(VLLMEngine)  # the parsing only; no vLLM behind it
     eng.capture_routes = True
     with pytest.raises(RuntimeError, match="returned no routed experts"):

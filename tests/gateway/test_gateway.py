@@ -13,6 +13,8 @@ import torch
 
 from hymem_train.engines.hf import HFEngine
 from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
+from hymem_train.gateway.client import GatewayAdmin
+from hymem_train.gateway.runner import KEEP_ALIVE_S
 from hymem_train.models import build_model
 from hymem_train.models.tokenizer import default_tokenizer
 
@@ -251,9 +253,6 @@ def test_idle_connections_outlive_the_clients_keep_alive(server, gw):
     """The server keeps an idle connection longer than httpx / the openai SDK keep theirs (5 s), so a
     client never sends on a connection the server is closing. With uvicorn's 5 s default, the demo's
     RL died on "Server disconnected without sending a response" after a 5 s idle (session 6)."""
-    from hymem_train.gateway.client import GatewayAdmin
-    from hymem_train.gateway.runner import KEEP_ALIVE_S
-
     assert httpx.Limits().keepalive_expiry < KEEP_ALIVE_S
     req = f"GET /health HTTP/1.1\r\nHost: {server.host}\r\n\r\n".encode()
 

@@ -13,7 +13,8 @@ import subprocess
 import pytest
 
 from harnesses.adapters.mem0 import SCROLL_PAGE
-from harnesses.base import BankMismatchError, Endpoint, WriteStatus
+from harnesses.base import BankMismatchError, ConfigurationError, Endpoint, WriteStatus
+from harnesses.native import NativeHarness
 from harnesses.registry import REPO_ROOT, HarnessConfig, make_harness
 from tests.doubles.openai_server import HttpFailure
 
@@ -178,7 +179,6 @@ def test_fork_and_foreign_bank(tmp_path, server, mem0):
     assert [e.text for e in mem0.read_all()] == ["User has a cat named Pixel"]
     mem0.close()
     # a native bank (another framework) is refused and left untouched
-    from harnesses.native import NativeHarness
 
     nh = NativeHarness(None)
     nh.open(tmp_path / "native", create=True)
@@ -214,7 +214,6 @@ def test_venv_with_wrong_framework_version_is_refused(tmp_path, server):
     llm = Endpoint(server.base_url, "traj-A", "policy")
     cfg = HarnessConfig(framework="mem0", venv_root=str(tmp_path / "venvs"))
     h = make_harness(cfg, llm, llm, sandbox_root=tmp_path / "sb", sandbox_id="traj-A")
-    from harnesses.base import ConfigurationError
 
     with pytest.raises(
         ConfigurationError, match=r"mem0ai is 9\.9\.9, harness pin is 2\.2\.1.*make_harness_venvs\.sh mem0"

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from harnesses import registry
+from harnesses.base import ConfigurationError
 from harnesses.registry import FRAMEWORKS, REPO_ROOT, HarnessConfig
 from hymem_train.config import ConfigError, to_typed
 
@@ -31,7 +33,6 @@ def test_bad_config_names_the_key():
     raw = OmegaConf.load(REPO_ROOT / "configs" / "harness" / "native.yaml")
     with pytest.raises(ConfigError, match="native.num_context_memory"):
         to_typed(OmegaConf.merge(raw, {"native": {"num_context_memory": 3}}), HarnessConfig)
-    from harnesses.base import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="unknown scene 'chat'"):
         to_typed(OmegaConf.merge(raw, {"scene": "chat"}), HarnessConfig)
@@ -59,8 +60,6 @@ def test_harnesses_imports_neither_torch_nor_hymem_train():
 
 def test_every_framework_names_an_adapter_that_exists():
     """Each registered framework points at a real adapter class path (imported only inside its sandbox)."""
-    from harnesses import registry
-
     root = Path(registry.__file__).resolve().parent.parent
     for name, spec in FRAMEWORKS.items():
         mod, _, cls = spec.adapter.partition(":")

@@ -19,6 +19,7 @@ from harnesses.base import (
 )
 from harnesses.registry import HarnessConfig, make_harness
 from harnesses.sandbox import SandboxClient
+from tests.doubles.openai_server import HttpFailure
 
 from .conftest import CHUNK
 
@@ -104,8 +105,6 @@ def test_platform_error_is_retried_then_succeeds(tmp_path, server, client):
 
 
 def test_rpc_timeout_kills_and_reports_platform_error(tmp_path, server, llm):
-    from tests.doubles.openai_server import HttpFailure
-
     c = make_harness(
         HarnessConfig(framework="native", num_retries=0, rpc_timeout_s=1.0),
         Endpoint(server.base_url, "traj-A", "m", timeout_s=30),

@@ -11,12 +11,14 @@ import pytest
 from data_pipeline.build import build, load_config
 from data_pipeline.ledger import ATTR_BY_NAME, NUM_TRAIN_VALUES
 from data_pipeline.schema import NO_SUCH_RECORD
-from data_pipeline.store import BuiltDataset
+from data_pipeline.store import BuiltDataset, HarnessDatasets
 from hymem_train.config import compose, to_typed
 from hymem_train.engines.scripted import ScriptedEngine
+from hymem_train.frozen_models import reader_preflight, start_frozen_models
 from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
 from hymem_train.gateway.local_reader import start_instrument_server
 from hymem_train.models.tokenizer import default_tokenizer
+from hymem_train.run_config import EvaluateConfig, RlConfig
 from reward.config import LlmClientConfig
 from reward.judge import Reader
 from reward.llm import ChatClient
@@ -206,10 +208,6 @@ def test_preflight_to_writes_the_figures_and_skips_other_worlds(
 
 # ---------------------------------------------------------------------- the stages' wiring
 def test_rl_stage_serves_the_extractive_reader_and_runs_the_preflight(ledger, tok, tmp_path):
-    from data_pipeline.store import HarnessDatasets
-    from hymem_train.frozen_models import reader_preflight, start_frozen_models
-    from hymem_train.run_config import RlConfig
-
     cfg = to_typed(
         compose(
             "rl",
@@ -241,7 +239,6 @@ def test_rl_stage_serves_the_extractive_reader_and_runs_the_preflight(ledger, to
 
 def test_evaluate_serves_the_extractive_reader_and_runs_the_preflight(ledger, tmp_path):
     from hymem_train.evaluate import fixed_services, reader_preflight
-    from hymem_train.run_config import EvaluateConfig
 
     cfg = to_typed(
         compose(
@@ -265,8 +262,6 @@ def test_evaluate_serves_the_extractive_reader_and_runs_the_preflight(ledger, tm
 
 
 def test_reader_kind_is_validated_by_name():
-    from hymem_train.run_config import EvaluateConfig, RlConfig
-
     with pytest.raises(ValueError, match="reader_kind='bogus'"):
         to_typed(compose("rl", ["+exp=demo_rl", "reader_kind=bogus"]), RlConfig)
     with pytest.raises(ValueError, match="reader_kind=extractive .* local_reader=true"):

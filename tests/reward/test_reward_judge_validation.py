@@ -7,13 +7,16 @@ import re
 
 import pytest
 
+from data_pipeline.build import main as build_main
 from data_pipeline.synthetic import SyntheticConfig, generate
+from data_pipeline.typed_config import ConfigError
 from reward.judge_validation import (
     REFUSAL,
     JudgeValidationConfig,
     build_items,
     endpoint_judge,
     format_report,
+    main,
     validate_judge,
 )
 from tests.doubles.openai_server import StandInServer
@@ -121,10 +124,6 @@ def test_judge_faults_are_excluded_not_scored(data):
 def test_build_with_judge_validation_writes_the_report(tmp_path, capsys):
     """`python -m reward.judge_validation` = the data build with this judge passed in; the plain data
     build (which does not import reward) refuses judge_validation.enabled=true before any work."""
-    from data_pipeline.build import main as build_main
-    from data_pipeline.typed_config import ConfigError
-    from reward.judge_validation import main
-
     with StandInServer(scripted_judge()) as srv:
         over = ["data.synthetic.num_sequences=3", "judge_validation.enabled=true"]
         over += [f"judge_validation.base_url={srv.base_url}", "judge_validation.model=judge"]

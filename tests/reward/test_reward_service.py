@@ -11,20 +11,30 @@ import math
 
 import pytest
 
-from data_pipeline.schema import Manifest
+from data_pipeline.schema import GoldFact, Manifest
 from harnesses.native import NativeHarness
 from reward.config import LlmClientConfig
 from reward.judge import ExactMatchScorer, LlmJudge, Reader
 from reward.llm import ChatClient
 from reward.records import ChunkMappingError, validate_group
-from reward.scoring import M_EXCL_CELLS, M_EXCL_PROBES, M_EXCL_QUESTIONS, M_EXCL_ROLLOUTS, M_TRAP_PASS
+from reward.scoring import (
+    M_EXCL_CELLS,
+    M_EXCL_PROBES,
+    M_EXCL_QUESTIONS,
+    M_EXCL_ROLLOUTS,
+    M_ORM_OFF_SOURCE,
+    M_TRAP_PASS,
+)
 from reward.service import (
     M_BANK_FAULTS,
+    M_CF_READER_CALLS,
     M_JUDGE_FAULTS,
+    M_READER_CALLS,
     M_RETRIES,
     BankSearcher,
     RewardConfig,
     RewardService,
+    best_rollout,
     finish_group,
     judge_rollout,
 )
@@ -182,8 +192,6 @@ def test_policy_error_scored_platform_error_excluded(group, endpoints):
 
 
 def test_missing_chunk_mapping_raises(group):
-    from data_pipeline.schema import GoldFact
-
     bad_probe = dataclasses.replace(group.probes[0], chunk_index=5, probe_id="synth/000/c0005/p000")
     with pytest.raises(ChunkMappingError, match="probe synth/000/c0005/p000.*silent failure chunk-unmapped"):
         validate_group(dataclasses.replace(group, probes=[*group.probes, bad_probe]))
@@ -291,8 +299,6 @@ def test_exact_match_judge_kind(group, endpoints):
 
 
 def test_best_rollout_ties_go_to_the_lowest_index_and_invalid_rollouts_never_compete():
-    from reward.service import best_rollout
-
     s = [[0.2, 0.3], [0.4, 0.1], [0.9, 0.9], [0.1, 0.4]]
     v = [[True, True], [True, True], [True, False], [True, True]]
     # rollouts 0, 1 and 3 tie at 0.5; rollout 2 has the highest sum but a platform-failed cell
@@ -306,9 +312,6 @@ def test_counterfactual_orm_credits_the_answers_a_chunk_changes(tmp_path, endpoi
     """orm[t] = share recovered from the final bank - share with chunk t's writes left out. Where the
     bakery fact is stored twice, leaving chunk 0 out loses nothing: attributed ORM credits chunk 0 (the
     fact's source) in full, counterfactual ORM not at all."""
-    from reward.scoring import M_ORM_OFF_SOURCE
-    from reward.service import M_CF_READER_CALLS, M_READER_CALLS
-
     reader_srv, judge_srv = endpoints
     g = H.build_group(tmp_path, ["facts", "restated", "chitchat", "nothing"])
     att = run_local(g, reader_srv, judge_srv)

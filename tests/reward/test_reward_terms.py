@@ -4,7 +4,18 @@ import math
 
 import pytest
 
-from reward.terms import FAULT, binarize, growth_penalty, growth_ratio, orm_attributed, orm_broadcast, prm
+from harnesses.base import MemoryEntry as E
+from reward.counterfactual import ADDED, chunk_writes, left_out
+from reward.terms import (
+    FAULT,
+    binarize,
+    growth_penalty,
+    growth_ratio,
+    orm_attributed,
+    orm_broadcast,
+    orm_counterfactual,
+    prm,
+)
 
 # --- prm[t] = (sum_R z + sum_P z) / (|R| + |P|)
 
@@ -125,8 +136,6 @@ def test_growth_penalty_by_hand():
 
 
 def test_orm_counterfactual_by_hand():
-    from reward.terms import orm_counterfactual
-
     full = [[True, True], [True, False]]  # q0: 2/2 recovered, q1: 1/2
     without = [
         [[False, True], [True, False]],  # chunk 0 left out: q0 drops to 1/2, q1 unchanged
@@ -145,9 +154,6 @@ def test_orm_counterfactual_by_hand():
 
 
 def test_leave_out_drops_added_reverts_updated_keeps_superseded():
-    from harnesses.base import MemoryEntry as E
-    from reward.counterfactual import ADDED, chunk_writes, left_out
-
     before = [E("1", "job: baker"), E("2", "city: Oslo")]
     after = [E("1", "job: chef"), E("2", "city: Oslo"), E("3", "dog: Rex")]
     writes = chunk_writes(before, after)

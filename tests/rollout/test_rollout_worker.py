@@ -6,6 +6,7 @@ import sqlite3
 import pytest
 import torch
 
+from harnesses.base import WriteResult, WriteStatus
 from harnesses.native import NativeHarness
 from hymem_train.engines.hf import HFEngine
 from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
@@ -14,6 +15,7 @@ from hymem_train.models.tokenizer import default_tokenizer
 from hymem_train.rollout.lineage import BankLineage, BankPersistenceError
 from hymem_train.rollout.scheduler import WindowScheduler
 from hymem_train.rollout.worker import RolloutTask, RolloutWorker, keep_final_attempts
+from hymem_train.segments import Segment
 from reward.records import RolloutGroup, validate_group
 from reward.schedule import ScheduleError
 
@@ -89,9 +91,6 @@ def test_platform_failure_mid_window_is_a_platform_error(synth_ds, scripted_gate
 
 
 def test_only_the_final_attempt_of_a_retried_write_is_kept(synth_ds):
-    from harnesses.base import WriteResult, WriteStatus
-    from hymem_train.segments import Segment
-
     w = synth_ds.windows[0]
     chunks = synth_ds.chunks_of(w)
 

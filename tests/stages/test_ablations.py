@@ -8,12 +8,23 @@ from pathlib import Path
 
 import pytest
 
+import scripts.demo_lib.ablations as ab
+import scripts.demo_lib.pipeline as pl
+from scripts.demo_lib.ablations import (
+    MANIFEST,
+    START,
+    collect_array,
+    discover,
+    plan_array,
+    run_table,
+    write_table,
+)
+from scripts.demo_lib.pipeline import build_data
+
 pytestmark = pytest.mark.slow
 
 
 def test_discover_translates_each_overlay_to_the_tiny_recipe(tmp_path):
-    from scripts.demo_lib.ablations import discover
-
     table = {a.name: a for a in discover(tmp_path)}
     assert table["baseline"].overrides == []
     assert table["no_traps"].overrides == ["++reward.scoring.use_traps=false"]
@@ -28,8 +39,6 @@ def test_discover_translates_each_overlay_to_the_tiny_recipe(tmp_path):
 def test_runner_micro_scale_table_shape(tmp_path):
     from hymem_train.models import build_model
     from hymem_train.models.tokenizer import default_tokenizer
-    from scripts.demo_lib.ablations import START, run_table, write_table
-    from scripts.demo_lib.pipeline import build_data
 
     root = tmp_path / "demo"
     # eval seed 3: its one sequence holds a trap probe, which the reader preflight needs
@@ -59,8 +68,6 @@ def test_runner_micro_scale_table_shape(tmp_path):
     assert arms == ["baseline", START]
     assert Path(tmp_path / "ablations.png").stat().st_size > 0
     # finished runs and evaluations are reused: a second call starts no process, same numbers
-    import scripts.demo_lib.ablations as ab
-    import scripts.demo_lib.pipeline as pl
 
     def refuse(cmd, **kw):
         raise AssertionError(f"started {cmd}")
@@ -74,7 +81,6 @@ def test_runner_micro_scale_table_shape(tmp_path):
     # the job-array form (slurm/submit_ablations.sh): the tasks it plans are these runs' overrides, and
     # its table, evaluated from the run directories, holds each run's own checkpoint; a run that never
     # finished is named and left out, never read as a score
-    from scripts.demo_lib.ablations import MANIFEST, collect_array, plan_array
 
     arr = tmp_path / "array"
     plan_array(arr, base="demo_rl", seeds=1, only=["baseline", "no_traps", "single_harness"])

@@ -9,6 +9,7 @@ import random
 from data_pipeline.ledger import gold_records, parse_record
 from data_pipeline.store import BuiltDataset
 from hymem_train.models.tokenizer import default_tokenizer
+from reward.bank_sizes import BANK_SIZES_FILE
 from scripts.demo_lib.pipeline import (
     GAIN_CLASSES,
     PREDICTIONS,
@@ -136,8 +137,6 @@ def test_report_reads_first_and_last_values(tmp_path):
 def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
     """The demo's RL gets bounds calibrated from the OPD run's bank sizes; without enough recorded
     writes it keeps the config's and the report says why."""
-    from reward.bank_sizes import BANK_SIZES_FILE
-
     args, line = growth_overrides(tmp_path)
     assert args == [] and "not calibrated" in line and "no bank sizes recorded" in line
     rnd, rows = random.Random(0), []

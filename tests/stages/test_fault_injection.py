@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from harnesses.native import NativeConfig, NativeHarness
 from tests.doubles.openai_server import HttpFailure, StandInServer
 
 pytestmark = pytest.mark.slow
@@ -96,7 +97,6 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
         # retried next step with its lineage unchanged, never promoted from a partly scored group
         assert s["rollout/windows_done"] >= 1
     # promoted banks are intact: reopen each one from disk and check its known record (silent failure bank-not-carried)
-    from harnesses.native import NativeHarness
     from hymem_train.rollout.lineage import BankLineage
 
     lineage = BankLineage(out, lambda name: NativeHarness(None, _native_cfg()))
@@ -109,6 +109,4 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
 
 
 def _native_cfg():
-    from harnesses.native import NativeConfig
-
     return NativeConfig(num_context_memories=6, max_tokens=24)  # as configs/exp/demo_rl.yaml, with COMMON

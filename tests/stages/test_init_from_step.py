@@ -4,13 +4,14 @@ ZeRO-3 step checkpoint, not an HF directory), at tiny scale through the real CLI
 import pytest
 import torch
 
+from hymem_train.models.config import ModelConfig
+
 pytestmark = pytest.mark.slow
 
 
 def test_rl_starts_from_an_opd_step_checkpoint(assets, stage, opd_one_rank):
     from safetensors.torch import load_file
 
-    from hymem_train.models.config import ModelConfig
     from hymem_train.models.loading import load_model
 
     root = assets["root"]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.stages.conftest import OPD_TWO_STEPS
+from tests.stages.conftest import OPD_TWO_STEPS, RL_TWO_STEPS
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -63,8 +63,6 @@ def test_two_node_rl_serves_its_reader_from_replicas_on_both_nodes(
     """RL's frozen reader as the stage's own pool (cluster.placement.reader.replicas): one HF replica per
     node behind a reader gateway on the driver's routable address, reward actors calling it. The 1-node
     reference served its reader in the driver process; the greedy reader gives the same rewards."""
-    from tests.stages.conftest import RL_TWO_STEPS
-
     cluster, nodes = two_nodes
     out = assets["root"] / "rl_2node_reader"
     extra = (

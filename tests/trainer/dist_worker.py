@@ -15,6 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from hymem_train.models import checkpoint_files
+from hymem_train.models.config import ModelConfig
+from hymem_train.trainer.engine import load_trainer_model
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -62,10 +66,6 @@ def trainer_config(args) -> TrainerConfig:
 def load_counted(path: str, cfg: TrainerConfig):
     """load_trainer_model, counting the parameters this rank read from a step checkpoint, and the
     partition state of every parameter before DeepSpeed."""
-    from hymem_train.models import checkpoint_files
-    from hymem_train.models.config import ModelConfig
-    from hymem_train.trainer.engine import load_trainer_model
-
     reads: list[str] = []
     get = checkpoint_files.DeepSpeedWeights.get
 

@@ -18,7 +18,10 @@ import pytest
 import torch
 
 from hymem_train.config import ConfigError, compose, to_typed
+from hymem_train.models.checkpoint_files import CheckpointPathError
+from hymem_train.models.config import ModelConfig
 from hymem_train.run_config import ExportConfig
+from tests.trainer.test_engine_dist import run_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,8 +179,6 @@ def test_interleaved_dense_layers_cannot_be_served_by_vllm():
 
 
 def test_load_model_names_a_path_that_is_no_checkpoint(tmp_path):
-    from hymem_train.models.checkpoint_files import CheckpointPathError
-    from hymem_train.models.config import ModelConfig
     from hymem_train.models.loading import load_model
 
     (tmp_path / "notes.txt").write_text("x")
@@ -222,8 +223,6 @@ def _trained(params: dict[str, torch.Tensor]):
 
 def _round_trip(tmp_path: Path, nproc: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tests.trainer.test_engine_dist import run_worker
 
     run = tmp_path / "run"
     common = ["--lr", "1e-3", "--adam-eps", "1e-8", "--capacity", "40", "--steps", "2"]
@@ -276,9 +275,7 @@ def test_round_trip_two_rank_zero3(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_load_model_from_a_step_checkpoint_and_the_latest_pointer(tmp_path):
-    from hymem_train.models.config import ModelConfig
     from hymem_train.models.loading import load_model
-    from tests.trainer.test_engine_dist import run_worker
 
     run = tmp_path / "run"
     _, params = run_worker(
@@ -307,7 +304,6 @@ def test_a_vllm_stage_exports_an_init_checkpoint_without_vllms_keys(tmp_path):
     engine.kind=vllm serves an export of it (<run>/init_hf) that passes the engine's check."""
     from hymem_train.engines.serving import engine_model_cfg
     from hymem_train.engines.vllm_engine import check_serving_config
-    from hymem_train.models.config import ModelConfig
     from hymem_train.models.tokenizer import default_tokenizer
 
     raw = tmp_path / "raw"

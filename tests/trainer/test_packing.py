@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from hymem_train.models.presets import build_model, make_config
 from hymem_train.models.routing import RoutingController
 from hymem_train.trainer.config import LossConfig, PackingConfig
+from hymem_train.trainer.losses import opd_token_loss, ppo_token_loss
 from hymem_train.trainer.packing import block_causal_mask, padding_share, plan_step
 from hymem_train.trainer.policy import PolicyLoss
 
@@ -46,8 +48,6 @@ def test_layout_positions_targets_and_padding():
     "attn,mode", [("eager", "block_causal"), ("sdpa", "block_causal"), ("sdpa", "segments")]
 )
 def test_packed_forward_equals_separate_forwards(attn, mode):
-    from hymem_train.models.presets import build_model, make_config
-
     torch.set_num_threads(1)
     model = build_model(make_config("tiny", attn_implementation=attn), seed=0).eval()
     reference = build_model(make_config("tiny", attn_implementation=attn), seed=0).eval()
@@ -72,8 +72,6 @@ def test_packed_forward_equals_separate_forwards(attn, mode):
 
 
 def test_segment_attention_refuses_a_forward_without_boundaries():
-    from hymem_train.models.presets import build_model, make_config
-
     model = build_model(make_config("tiny"), seed=0)
     PolicyLoss(model, LossConfig(kind="sft"), mask_mode="segments")
     with pytest.raises(ValueError, match="hymem_cu_seqlens"):
@@ -178,9 +176,6 @@ def test_segment_without_chunk_raises_and_oversize_names_segment():
 def test_packed_policy_loss_equals_naive_full_vocab_per_segment(kind):
     """The whole training loss path (packing + segment attention + chunked head + weights) against a
     naive computation: one HF forward per segment, full [T, V] logits, plain formulas."""
-    from hymem_train.models.presets import build_model, make_config
-    from hymem_train.trainer.losses import opd_token_loss, ppo_token_loss
-
     torch.set_num_threads(1)
     model = build_model(make_config("tiny"), seed=0)
     reference = build_model(make_config("tiny"), seed=0)

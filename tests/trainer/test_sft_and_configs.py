@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from hymem_train.config import ConfigError, compose, to_typed
+from hymem_train.models.presets import build_model, make_config
 from hymem_train.sft import SftConfig, load_segments, step_batches
+from hymem_train.trainer.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,8 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("group,kind,lr", [("opd", "opd", 1e-6), ("rl", "ppo", 5e-6), ("sft", "sft", 1e-5)])
 def test_trainer_groups_validate(group, kind, lr):
     from omegaconf import OmegaConf
-
-    from hymem_train.trainer.config import TrainerConfig
 
     cfg = to_typed(OmegaConf.load(ROOT / "configs" / "trainer" / f"{group}.yaml"), TrainerConfig)
     assert (cfg.loss.kind, cfg.lr) == (kind, lr)  # report: 1e-6 OPD, 5e-6 RL, constant
@@ -117,7 +117,6 @@ def test_sft_entry_point_trains_resumes_and_exports(tmp_path):
     assert (tmp_path / "run" / "final" / "tokenizer.json").exists() or any(
         (tmp_path / "run" / "final").glob("tok*")
     )
-    from hymem_train.models.presets import build_model, make_config
 
     init = build_model(make_config("tiny"), seed=0)
     diff = max((a - b).abs().max().item() for a, b in zip(m.parameters(), init.parameters(), strict=True))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from hymem_train.engines.hf import HFEngine
 from hymem_train.models.presets import build_model, make_config
 from hymem_train.models.routing import RoutingController
 from hymem_train.trainer.config import LossConfig, PackingConfig
@@ -32,8 +33,6 @@ class CountingReceiver:
 
 
 def test_sync_into_hf_engine_in_buckets():
-    from hymem_train.engines.hf import HFEngine
-
     trained = build_model(make_config("tiny"), seed=0)
     engine = HFEngine(build_model(make_config("tiny"), seed=1), eos_token_ids=[2], pad_token_id=0)
     rx = CountingReceiver(engine)

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from hymem_train.models.config import ModelConfig
 from tests.trainer.test_engine_dist import _assert_same, run_worker
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -67,7 +68,6 @@ def test_missing_weight_in_an_hf_checkpoint_is_refused(tmp_path):
     """transformers only warns about a missing weight and leaves it at random init: load_model refuses."""
     from safetensors.torch import load_file, save_file
 
-    from hymem_train.models.config import ModelConfig
     from hymem_train.models.loading import load_model
     from hymem_train.models.presets import build_model, make_config
 

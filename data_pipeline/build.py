@@ -77,7 +77,15 @@ from data_pipeline.store import (
     write_dataset,
 )
 from data_pipeline.synthetic import SyntheticConfig, SyntheticData, generate
-from data_pipeline.typed_config import CONFIG_DIR, ConfigError, RunConfig, compose, to_typed, to_yaml
+from data_pipeline.typed_config import (
+    CONFIG_DIR,
+    ConfigError,
+    RunConfig,
+    compose,
+    register_schema,
+    to_typed,
+    to_yaml,
+)
 
 log = logging.getLogger(__name__)
 # benchmarks with their own loader module (docs/evaluation_benchmarks.md): kind -> loader(path[, name])
@@ -176,6 +184,9 @@ class DataBuildConfig:
             raise ConfigError(f"data.eval_fraction={self.data.eval_fraction} not in (0, 1]")
         if not 0.0 <= self.annotator.min_success_rate <= 1.0:
             raise ConfigError(f"annotator.min_success_rate={self.annotator.min_success_rate} not in [0, 1]")
+
+
+register_schema("data_build", DataBuildConfig)
 
 
 def load_sources(cfg: DataConfig) -> tuple[LoadResult, SyntheticData | None]:
@@ -280,7 +291,7 @@ def build_profile(
                 f"profile {profile}: only {res.num_units - len(failures)} of {res.num_units} annotation calls "
                 f"succeeded ({res.success_rate:.0%} < annotator.min_success_rate="
                 f"{cfg.annotator.min_success_rate}); reasons: {failure_reasons(failures)}; "
-                f"details in {cache / 'failures.jsonl'}; nothing was written (threshold: +annotator.min_success_rate=R)"
+                f"details in {cache / 'failures.jsonl'}; nothing was written (threshold: annotator.min_success_rate=R)"
             )
     elif cfg.data.use_seed_facts:
         facts = attribute_seed_facts(loaded.seed_facts, chunks)
@@ -444,7 +455,7 @@ def usage(prog: str = "python -m data_pipeline.build") -> str:
 
 Builds reward / evaluation data (docs/data.md){judged}: one dataset per harness configuration under
 <out_dir>/<profile>/ plus <out_dir>/stats.md. Config: configs/data_build.yaml, composed by Hydra;
-arguments are Hydra overrides (KEY=VALUE, +KEY=VALUE for keys the YAML lacks).
+arguments are Hydra overrides (KEY=VALUE for any field of DataBuildConfig).
 
 config groups:
   data=NAME        {", ".join(data)}  (configs/data/; default synthetic_demo)

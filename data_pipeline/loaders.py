@@ -317,7 +317,7 @@ def _check_session_numbers(
         f"{_ranges(numbers) or 'none'}); a gap usually means a corrupted or edited file"
     )
     if not allow_gaps:
-        raise RecordError(msg + "; to load it anyway: +data.allow_session_gaps=true")
+        raise RecordError(msg + "; to load it anyway: data.allow_session_gaps=true")
     log.warning("%s; loaded anyway (data.allow_session_gaps=true)", msg)
 
 

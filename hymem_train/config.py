@@ -24,6 +24,7 @@ from data_pipeline.typed_config import (
     ConfigError,
     RunConfig,
     compose,
+    register_schema,
     to_typed,
     to_yaml,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "ServedModelPlacement",
     "compose",
     "config_diff",
+    "register_schema",
     "to_typed",
     "to_yaml",
 ]

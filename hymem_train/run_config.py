@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from harnesses.registry import HarnessConfig, get_spec
-from hymem_train.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig
+from hymem_train.config import ClusterConfig, ConfigError, LoggingConfig, RunConfig, register_schema
 from hymem_train.engines.config import EngineConfig
 from hymem_train.evaluation.config import MatrixConfig, StageSwapEval
 from hymem_train.gateway.config import GatewayConfig
@@ -290,3 +290,14 @@ class ExportConfig:
             raise ValueError(f"max_shard_mb={self.max_shard_mb}: must be >= 1")
         if self.push_to_hub and not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", self.push_to_hub):
             raise ValueError(f"push_to_hub={self.push_to_hub!r}: want a Hub repo id 'owner/name'")
+
+
+# each primary config (configs/<name>.yaml) is composed onto its schema's defaults
+for _primary, _schema in (
+    ("opd", OpdConfig),
+    ("rl", RlConfig),
+    ("serve", ServeConfig),
+    ("evaluate", EvaluateConfig),
+    ("export", ExportConfig),
+):
+    register_schema(_primary, _schema)

@@ -22,7 +22,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from hymem_train.config import CONFIG_DIR, to_typed
+from hymem_train.config import CONFIG_DIR, register_schema, to_typed
 from hymem_train.models.config import ModelConfig
 from hymem_train.segments import Segment
 from hymem_train.trainer.config import TrainerConfig
@@ -51,6 +51,9 @@ class SftConfig:
             raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the SFT entry point needs 'sft'")
         if self.num_segments_per_step < 1 or self.num_epochs < 1:
             raise ValueError("num_segments_per_step and num_epochs must be >= 1")
+
+
+register_schema("sft", SftConfig)
 
 
 def load_segments(path: str) -> list[Segment]:

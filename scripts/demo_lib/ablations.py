@@ -129,8 +129,7 @@ def discover(root: Path, config_dir: Path | None = None) -> list[Ablation]:
         elif knob == "harnesses":
             out.append(Ablation(name, knob, [], skip_reason="the tiny recipe trains in one harness (native)"))
         else:
-            # ++: the knob may be absent from the YAML (a schema default), where a plain override fails
-            out.append(Ablation(name, knob, [f"++{knob}={_fmt(value)}"]))
+            out.append(Ablation(name, knob, [f"{knob}={_fmt(value)}"]))
     return out
 
 
@@ -267,7 +266,7 @@ def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) ->
                     f"writers=[{', '.join(writers)}]",
                     f"data.path={held}",
                     f"run.output_dir={ev}",
-                    f"++run.seed={seed}",
+                    f"run.seed={seed}",
                 ],
                 out / "logs" / f"evaluate_seed{seed}.log",
             )

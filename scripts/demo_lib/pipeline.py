@@ -50,12 +50,12 @@ def build_data(
             "data.name=demo",
             f"data.synthetic.num_sequences={num_sequences}",
             f"data.synthetic.unique_person_names={str(unique_names).lower()}",
-            f"++data.synthetic.world={world}",
+            f"data.synthetic.world={world}",
             f"data.synthetic.num_chunks_per_sequence={num_chunks}",
             f"data.synthetic.num_chunks_per_window={window}",
             f"data.synthetic.seed={seed}",
             "~data.profiles.hy_memory",
-            f"+data.profiles.native={{mode: session, max_tokens: 0, num_chunks_per_window: {window}, tokenizer_path: ''}}",
+            f"+data.profiles={{native: {{mode: session, max_tokens: 0, num_chunks_per_window: {window}, tokenizer_path: ''}}}}",
         ]
     )
     outs, _ = build(cfg)
@@ -206,8 +206,8 @@ def run_demo(
         "num_segments_per_step=16",
         "trainer.gradient_checkpointing=false",
         "trainer.zero_stage=0",
-        f"++trainer.seed={run_seed}",
-        f"++model.seed={run_seed}",
+        f"trainer.seed={run_seed}",
+        f"model.seed={run_seed}",
     ]
     print("[3/8] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
     t = time.perf_counter()
@@ -271,7 +271,7 @@ def run_demo(
     )
     timings["sft"] = time.perf_counter() - t
 
-    common = [f"data.path={prompts}", f"data.eval_path={held}", f"++run.seed={run_seed}"]
+    common = [f"data.path={prompts}", f"data.eval_path={held}", f"run.seed={run_seed}"]
     print("[5/8] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
     t = time.perf_counter()
     _run(
@@ -327,7 +327,7 @@ def run_demo(
             f"writers=[{writers}]",
             f"data.path={held}",
             f"run.output_dir={root}/swap",
-            f"++run.seed={run_seed}",
+            f"run.seed={run_seed}",
             *extra.get("eval", []),
         ],
         root / "logs" / "evaluate.log",

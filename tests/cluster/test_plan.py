@@ -162,12 +162,12 @@ def test_refuses_gpu_pools_on_a_cpu_only_cluster():
         make_plan(cfg)
     # and the stage's own validation names the key before any work
     with pytest.raises(ValueError, match=r"cluster\.placement\.train_gpus=2: .* CPU-only"):
-        to_typed(compose("rl", ["+exp=demo_rl", "++cluster.placement.train_gpus=2"]), RlConfig)
+        to_typed(compose("rl", ["+exp=demo_rl", "cluster.placement.train_gpus=2"]), RlConfig)
     # policy, teacher, reader and judge replicas on a CPU box are CPU Ray actors (the multi-node simulation)
-    cfg = to_typed(compose("opd", ["+exp=demo_opd", "++cluster.placement.policy_replicas=2"]), OpdConfig)
+    cfg = to_typed(compose("opd", ["+exp=demo_opd", "cluster.placement.policy_replicas=2"]), OpdConfig)
     assert "2 policy replica(s) as CPU Ray actors" in format_plan(make_plan(cfg))
     cfg = to_typed(
-        compose("rl", ["+exp=demo_rl", "reader_kind=model", "++cluster.placement.reader.replicas=2"]),
+        compose("rl", ["+exp=demo_rl", "reader_kind=model", "cluster.placement.reader.replicas=2"]),
         RlConfig,
     )
     assert "2 reader replica(s) as CPU Ray actors" in format_plan(make_plan(cfg))
@@ -176,7 +176,7 @@ def test_refuses_gpu_pools_on_a_cpu_only_cluster():
 def test_a_served_reader_or_judge_needs_its_checkpoint():
     from hymem_train.frozen_models import frozen_roles
 
-    cfg = to_typed(compose("rl", ["+exp=demo_rl", "++cluster.placement.judge.replicas=1"]), RlConfig)
+    cfg = to_typed(compose("rl", ["+exp=demo_rl", "cluster.placement.judge.replicas=1"]), RlConfig)
     cfg.reward.judge_kind = "llm"
     with pytest.raises(ValueError, match=r"judge\.replicas=1: .* judge_model\.path must name its checkpoint"):
         frozen_roles(cfg)  # start_frozen_models asks this before it starts anything

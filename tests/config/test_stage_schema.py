@@ -31,8 +31,7 @@ def test_config_schemas_import_no_torch_ray_or_http_stack():
 
 @pytest.mark.parametrize("primary,exp,schema", [("opd", "demo_opd", OpdConfig), ("rl", "demo_rl", RlConfig)])
 def test_training_refuses_a_held_out_harness(primary, exp, schema):
-    cfg = compose(primary, [f"+exp={exp}"])
-    OmegaConf.set_struct(cfg, False)
+    cfg = OmegaConf.create(OmegaConf.to_container(compose(primary, [f"+exp={exp}"])))  # untyped, to edit
     cfg.harnesses["everos"] = {"framework": "everos"}
     if primary == "rl":
         cfg.reward.scoring.growth_bounds["everos"] = {"lower": 1.0, "upper": 2.0}
@@ -81,13 +80,13 @@ def test_replica_and_rollout_worker_knobs_are_validated(override, message):
     [
         # the recomputed ratio is against the trainer's pre-update policy, not the stale one that sampled
         (
-            "+trainer.loss.ratio_source=recompute",
+            "trainer.loss.ratio_source=recompute",
             r"rl\.overlap_rollout=true needs trainer\.loss\.ratio_source=rollout",
         ),
         ("rollout.mode=train_only", r"rl\.overlap_rollout=true overlaps .* rollout\.mode='train_only'"),
         # a sleeping engine cannot collect the next batch while the trainer steps
         (
-            "++cluster.placement.mode=colocated",
+            "cluster.placement.mode=colocated",
             r"rl\.overlap_rollout=true with cluster\.placement\.mode=colocated",
         ),
     ],
@@ -100,8 +99,8 @@ def test_overlapped_rollout_refuses_what_would_hide_its_lag(override, message):
 
 def test_colocated_vllm_on_a_cpu_cluster_is_refused():
     """vLLM 0.32's CPU worker only logs a warning on sleep: the engine would keep its weights."""
-    to_typed(compose("opd", ["+exp=demo_opd", "++cluster.placement.mode=colocated"]), OpdConfig)  # HF: fine
+    to_typed(compose("opd", ["+exp=demo_opd", "cluster.placement.mode=colocated"]), OpdConfig)  # HF: fine
     with pytest.raises(ValueError, match=r"colocated with engine\.kind=vllm on a CPU cluster"):
         to_typed(
-            compose("opd", ["+exp=demo_opd", "++cluster.placement.mode=colocated", "engine=vllm"]), OpdConfig
+            compose("opd", ["+exp=demo_opd", "cluster.placement.mode=colocated", "engine=vllm"]), OpdConfig
         )

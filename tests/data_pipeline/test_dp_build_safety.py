@@ -72,7 +72,7 @@ def test_missing_session_is_an_error_naming_conversation_and_numbers(tmp_path, l
         RecordError, match=r"sample conv-26: field 'conversation' has no session_1 \(sessions present: 2-19\)"
     ) as e:
         load_locomo(p)
-    assert "+data.allow_session_gaps=true" in str(e.value)
+    assert "data.allow_session_gaps=true" in str(e.value)
     # the override loads it, loudly
     res = load_locomo(p, allow_session_gaps=True)
     assert len(res.sequences[0].sessions) == 18 and "loaded anyway" in caplog.text
@@ -93,7 +93,7 @@ def test_session_gap_override_through_the_build_config(tmp_path, locomo_path):
         RecordError, match=r"data.sources\[0\] \(kind locomo\): .*gap.json sample conv-30: .*no session_2"
     ):
         build(_cfg(tmp_path, p))
-    outs, _ = build(_cfg(tmp_path, p, extra=["+data.allow_session_gaps=true"]))
+    outs, _ = build(_cfg(tmp_path, p, extra=["data.allow_session_gaps=true"]))
     assert len(store.read_table(outs["mem0"], "chunks")) == 3
 
 
@@ -210,7 +210,7 @@ def test_all_annotation_calls_failed_refuses_to_write(tmp_path, locomo_path, cap
             "annotator.model=m",
             "annotator.progress=false",
             "annotator.num_transport_retries=0",
-            "+annotator.num_retries=0",
+            "annotator.num_retries=0",
         ]
         with caplog.at_level(logging.INFO):
             assert main(args) == 2

@@ -94,7 +94,7 @@ def test_build_writes_a_working_dataset(tmp_path):
             "data.synthetic.num_chunks_per_sequence=4",
             "data.synthetic.num_chunks_per_window=2",
             "data.profiles.hy_memory.num_chunks_per_window=2",
-            "+data.synthetic.mix={working: 1.0}",
+            "+data.synthetic.mix.working=1.0",
         ]
     )
     ds = BuiltDataset(build(cfg)[0]["hy_memory"])

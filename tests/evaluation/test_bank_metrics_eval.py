@@ -24,7 +24,7 @@ def build_data(out: Path, world: str) -> Path:
     outs, _ = build(
         load_config(
             [
-                f"++data.synthetic.world={world}",
+                f"data.synthetic.world={world}",
                 f"out_dir={out}",
                 "data.name=bank_metrics",
                 "data.synthetic.num_sequences=3",
@@ -32,7 +32,7 @@ def build_data(out: Path, world: str) -> Path:
                 "data.synthetic.num_chunks_per_window=5",
                 "data.synthetic.seed=11",
                 "~data.profiles.hy_memory",
-                "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 5, tokenizer_path: ''}",
+                "+data.profiles={native: {mode: session, max_tokens: 0, num_chunks_per_window: 5, tokenizer_path: ''}}",
             ]
         )
     )

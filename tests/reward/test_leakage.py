@@ -27,7 +27,7 @@ def ledger_ds(tmp_path_factory):
             "data.synthetic.num_chunks_per_sequence=4",
             "data.synthetic.num_chunks_per_window=2",
             "~data.profiles.hy_memory",
-            "+data.profiles.native={mode: session, max_tokens: 0, num_chunks_per_window: 2, tokenizer_path: ''}",
+            "+data.profiles={native: {mode: session, max_tokens: 0, num_chunks_per_window: 2, tokenizer_path: ''}}",
         ]
     )
     outs, _ = build(cfg)

@@ -2,19 +2,27 @@
 reconciliation (silent failure harness-unscheduled)."""
 
 import shutil
+from dataclasses import dataclass
 
 import pytest
 
-from hymem_train.config import CONFIG_DIR, ConfigError, compose, to_typed
+from hymem_train.config import CONFIG_DIR, ConfigError, compose, register_schema, to_typed
 from reward.config import RewardConfig
 from reward.schedule import ScheduleError, reconcile_schedule
 
 
+@dataclass
+class RewardOnly:
+    reward: RewardConfig
+
+
 @pytest.fixture
 def config_dir(tmp_path):
-    # a throw-away primary that selects only the reward group (the real primaries are not ours)
+    # a throw-away primary that selects only the reward group (the real primaries are not ours), composed
+    # onto a schema as the real ones are
+    register_schema("t", RewardOnly)
     shutil.copytree(f"{CONFIG_DIR}/reward", tmp_path / "reward")
-    (tmp_path / "t.yaml").write_text("defaults:\n  - reward: default\n  - _self_\n")
+    (tmp_path / "t.yaml").write_text("defaults:\n  - t_schema\n  - reward: default\n  - _self_\n")
     return str(tmp_path)
 
 
@@ -49,7 +57,7 @@ def test_each_ablation_is_one_knob(config_dir, override, field, value):
 
 def test_bad_key_type_and_value_fail_at_start_up(config_dir):
     with pytest.raises(ConfigError, match="scoring.w_prn"):
-        to_typed(compose("t", ["+reward.scoring.w_prn=1"], config_dir=config_dir).reward, RewardConfig)
+        to_typed(compose("t", ["reward.scoring.w_prn=1"], config_dir=config_dir).reward, RewardConfig)
     with pytest.raises(ConfigError, match="num_actors"):
         to_typed(compose("t", ["reward.num_actors=two"], config_dir=config_dir).reward, RewardConfig)
     with pytest.raises(ValueError, match="orm_mode"):

@@ -27,13 +27,13 @@ pytestmark = pytest.mark.slow
 def test_discover_translates_each_overlay_to_the_tiny_recipe(tmp_path):
     table = {a.name: a for a in discover(tmp_path)}
     assert table["baseline"].overrides == []
-    assert table["no_traps"].overrides == ["++reward.scoring.use_traps=false"]
-    assert table["window_level_grpo"].overrides == ["++reward.scoring.advantage_level=window"]
+    assert table["no_traps"].overrides == ["reward.scoring.use_traps=false"]
+    assert table["window_level_grpo"].overrides == ["reward.scoring.advantage_level=window"]
     assert table["sft_init"].overrides == [f"init_checkpoint={tmp_path}/student_init/final"]
     assert table["single_harness"].skip_reason and not table["single_harness"].overrides
     # a knob absent from every YAML (a schema default) still applies
-    assert table["one_vote_loss"].overrides == ["++trainer.loss.sequence_unit=chunk"]
-    assert table["format_only"].overrides == ["++reward.scoring.score_mode=format_only"]
+    assert table["one_vote_loss"].overrides == ["trainer.loss.sequence_unit=chunk"]
+    assert table["format_only"].overrides == ["reward.scoring.score_mode=format_only"]
 
 
 def test_runner_micro_scale_table_shape(tmp_path):
@@ -86,7 +86,7 @@ def test_runner_micro_scale_table_shape(tmp_path):
     plan_array(arr, base="demo_rl", seeds=1, only=["baseline", "no_traps", "single_harness"])
     tasks = [line.split("\t") for line in (arr / MANIFEST).read_text().splitlines()]
     assert [t[:2] for t in tasks] == [["baseline", "0"], ["no_traps", "0"]]  # single_harness: no tiny form
-    assert "++reward.scoring.use_traps=false" in tasks[1] and "+exp=demo_rl" in tasks[1]
+    assert "reward.scoring.use_traps=false" in tasks[1] and "+exp=demo_rl" in tasks[1]
     assert f"run.output_dir={arr.resolve()}/no_traps/seed0" in tasks[1] and "run.seed=0" in tasks[1]
     full = tmp_path / "array_full"
     plan_array(full, base="hy_memory_rl", seeds=2, only=["baseline", "single_harness"])

@@ -14,7 +14,7 @@ def test_colocated_opd_sleeps_the_engine_while_training_and_reproduces_the_split
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the reference's environment
     out = assets["root"] / "opd_colocated"
-    cmd = stage.cmd("opd", assets, out, *OPD_TWO_STEPS, "++cluster.placement.mode=colocated")
+    cmd = stage.cmd("opd", assets, out, *OPD_TWO_STEPS, "cluster.placement.mode=colocated")
     stage.run(cmd, assets["root"] / "opd_colocated.log")
     m = stage.metrics(out)
     for s in (1, 2):  # the engine released its weights for the training of every step, and woke for the sync

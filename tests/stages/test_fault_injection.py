@@ -66,9 +66,9 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
             "reward.judge.model=judge",
             "reward.judge.timeout_s=1.0",
             "reward.judge.num_retries=0",
-            '+rollout.faults.kill_sandbox=["1:1"]',
-            "+rollout.faults.foreign_identity=[0]",
-            '+rollout.faults.kill_worker=["3:0"]',
+            'rollout.faults.kill_sandbox=["1:1"]',
+            "rollout.faults.foreign_identity=[0]",
+            'rollout.faults.kill_worker=["3:0"]',
             "rollout.max_worker_restarts=8",
         ]
         log = root / "rl_faults.log"

@@ -39,8 +39,8 @@ def test_two_node_opd_reproduces_one_node(assets, stage, opd_one_rank, two_nodes
     out = assets["root"] / "opd_2node"
     extra = (
         f"cluster.ray_address={cluster.address}",
-        "++cluster.placement.policy_replicas=2",
-        "++cluster.placement.replica_strategy=STRICT_SPREAD",
+        "cluster.placement.policy_replicas=2",
+        "cluster.placement.replica_strategy=STRICT_SPREAD",
         "++rollout.ray_resources={rollout: 1}",
         "gateway.host=auto",
     )
@@ -67,9 +67,9 @@ def test_two_node_rl_serves_its_reader_from_replicas_on_both_nodes(
     out = assets["root"] / "rl_2node_reader"
     extra = (
         f"cluster.ray_address={cluster.address}",
-        "++cluster.placement.reader.replicas=2",
-        "++cluster.placement.replica_strategy=STRICT_SPREAD",
-        "++cluster.placement.cpus_per_replica=0.5",
+        "cluster.placement.reader.replicas=2",
+        "cluster.placement.replica_strategy=STRICT_SPREAD",
+        "cluster.placement.cpus_per_replica=0.5",
         "gateway.host=auto",
         f"init_checkpoint={opd_one_rank}/final",
     )

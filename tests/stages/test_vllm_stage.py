@@ -69,9 +69,9 @@ def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
         "engine=vllm",
         "engine.capture_routes=false",
         "engine.enforce_eager=true",
-        "++trainer.routing_replay=false",
-        "++cluster.placement.policy_replicas=2",
-        "++cluster.placement.cpus_per_replica=0.5",
+        "trainer.routing_replay=false",
+        "cluster.placement.policy_replicas=2",
+        "cluster.placement.cpus_per_replica=0.5",
     )
     stage.run(cmd, tmp_path / "rl_vllm.log", env=env)
     where = json.loads((rl / "placement.json").read_text())

@@ -1,4 +1,5 @@
-"""Model/tokenizer loading from config: a local checkpoint path or a preset built from config.
+"""Model/tokenizer loading from config: one function per source (`load_preset`, `load_hf_dir`,
+`load_step_checkpoint`), chosen by `load_model`.
 
 `path` may be an HF directory or a DeepSpeed step checkpoint written by `Trainer.save`
 (`<run>/checkpoints/step_N`): the report's RL starts from OPD step 375. A step checkpoint's
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from hymem_train.models.checkpoint_files import DeepSpeedWeights, hf_config_for, step_dir_of
+from hymem_train.models.checkpoint_files import DeepSpeedWeights, checkpoint_kind, hf_config_for, step_dir_of
 from hymem_train.models.config import ModelConfig
 from hymem_train.models.presets import build_model, make_config
 from hymem_train.models.tokenizer import ASSET_DIR, load_tokenizer
@@ -36,32 +37,43 @@ def require_local_dir(path: str, key: str) -> None:
 
 
 def load_model(cfg: ModelConfig):
-    from transformers import HYV3ForCausalLM
-
+    """The model `cfg` names, from one of three sources: a preset built from config (`path` empty), an
+    HF directory, or a DeepSpeed step checkpoint (`<run>/checkpoints/step_N`). Anything else at `path`
+    is a CheckpointPathError naming what was looked for."""
     require_local_dir(cfg.path, "model.path")
     cfg.validate()
-    if cfg.path:
-        from hymem_train.models.checkpoint_files import checkpoint_kind
+    if not cfg.path:
+        return load_preset(cfg)
+    if checkpoint_kind(cfg.path) == "deepspeed":
+        return load_step_checkpoint(cfg)
+    return load_hf_dir(cfg)
 
-        if checkpoint_kind(cfg.path) == "deepspeed":  # CheckpointPathError for anything else
-            return load_step_checkpoint(cfg)
-        model, info = HYV3ForCausalLM.from_pretrained(
-            cfg.path,
-            local_files_only=True,
-            dtype=DTYPES[cfg.dtype],
-            attn_implementation=cfg.attn_implementation,
-            output_loading_info=True,
-        )
-        # transformers only warns and leaves such a weight at its random init (under ZeRO-3 too)
-        if info["missing_keys"] or info["mismatched_keys"]:
-            raise ValueError(
-                f"model.path={cfg.path}: the checkpoint lacks {sorted(info['missing_keys'])[:5]} and has "
-                f"other shapes for {sorted(info['mismatched_keys'])[:5]}; they would train from random init"
-            )
-        return model
+
+def load_preset(cfg: ModelConfig):
+    """A fresh model of `cfg.preset`, initialised from `cfg.seed` (the same seed, the same weights)."""
     return build_model(
         make_config(cfg.preset, attn_implementation=cfg.attn_implementation), cfg.seed, DTYPES[cfg.dtype]
     )
+
+
+def load_hf_dir(cfg: ModelConfig):
+    """The HF directory at `cfg.path`, refusing one whose weights do not cover the model."""
+    from transformers import HYV3ForCausalLM
+
+    model, info = HYV3ForCausalLM.from_pretrained(
+        cfg.path,
+        local_files_only=True,
+        dtype=DTYPES[cfg.dtype],
+        attn_implementation=cfg.attn_implementation,
+        output_loading_info=True,
+    )
+    # transformers only warns and leaves such a weight at its random init (under ZeRO-3 too)
+    if info["missing_keys"] or info["mismatched_keys"]:
+        raise ValueError(
+            f"model.path={cfg.path}: the checkpoint lacks {sorted(info['missing_keys'])[:5]} and has "
+            f"other shapes for {sorted(info['mismatched_keys'])[:5]}; they would train from random init"
+        )
+    return model
 
 
 def load_tokenizer_for(cfg: ModelConfig):

@@ -169,3 +169,19 @@ def test_every_schema_key_is_overridable_and_a_typo_is_refused_by_name():
         compose("rl", ["+exp=demo_rl", "trainer.zero_stag=1"])
     with pytest.raises(ConfigError, match=r"reward\.num_actors=many"):
         compose("rl", ["+exp=demo_rl", "reward.num_actors=many"])
+
+
+def test_a_primary_whose_schema_is_not_registered_is_named(tmp_path):
+    (tmp_path / "orphan.yaml").write_text("defaults:\n  - orphan_schema\n  - _self_\n")
+    with pytest.raises(
+        ConfigError, match=r"configs/orphan\.yaml is composed onto the schema 'orphan_schema'"
+    ):
+        compose("orphan", [], config_dir=str(tmp_path))
+
+
+def test_a_new_typed_dict_entry_gets_the_parent_form_hint():
+    # OmegaConf cannot assign a plain dict to a new key of dict[str, ChunkingConfig]; the parent form works
+    with pytest.raises(ConfigError, match=r"added from its parent: \+PARENT=\{NAME: \{\.\.\.\}\}"):
+        compose("data_build", ["+data.profiles.native={mode: session}"])
+    cfg = compose("data_build", ["+data.profiles={native: {mode: session}}"])
+    assert cfg.data.profiles.native.mode == "session"

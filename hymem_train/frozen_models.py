@@ -4,6 +4,8 @@ Where they run: a pool of replicas where cluster.placement.<role>.replicas > 0 (
 where), else the CPU box's in-process reader (`local_reader`; `reader_kind=extractive` serves the
 extractive instrument); otherwise reward.<role>.base_url is used as given. The stage's config is never
 rewritten: `start_frozen_models` returns the reward config with the served addresses in it.
+`start_reward` is what the RL stage calls: the servers, the reader preflight, and the reward service
+over them, each handed to `stage.on_close`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from hymem_train.gateway.local_reader import start_frozen_pool, start_frozen_ser
 from hymem_train.run_config import RlConfig
 from hymem_train.stage import Stage, write_placement
 from reward.config import RewardConfig
+from reward.harness_rewards import HarnessRewards
 
 
 def frozen_roles(cfg: RlConfig) -> list[tuple[str, Any, bool]]:
@@ -96,3 +99,16 @@ def reader_preflight(stage: Stage, cfg: RlConfig, reward: RewardConfig) -> None:
         search_k=reward.search_k,
         echo=lambda s: print(s, flush=True),
     )
+
+
+def start_reward(stage: Stage, cfg: RlConfig) -> HarnessRewards:
+    """(driver) The frozen servers, the reader preflight (when `cfg.reader_preflight`) and the reward
+    service that scores with them; `stage.close` stops the service, then the servers."""
+    servers, reward_cfg = start_frozen_models(stage, cfg)
+    stage.on_close.extend(srv.stop for srv in servers)
+    stage.reward_reader = reward_cfg.reader  # the swap evaluation's reader, too
+    if cfg.reader_preflight:
+        reader_preflight(stage, cfg, reward_cfg)
+    reward = HarnessRewards(reward_cfg, stage.bank_readers, stage.dataset.manifests)
+    stage.on_close.append(reward.shutdown)
+    return reward

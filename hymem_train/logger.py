@@ -39,10 +39,12 @@ class StepTimer:
     """`with timer("rollout"): ...` accumulates seconds per phase; `pop()` returns perf/time_* metrics:
     one per phase, `perf/time_step_s` (their sum) and, once `mark()` has started the clock,
     `perf/time_wall_s`: wall seconds since the last mark or pop, i.e. the whole loop iteration, so the
-    untimed work (scheduling, promotion, the previous step's logging) shows as wall minus phases."""
+    untimed work (scheduling, promotion, the previous step's logging) shows as wall minus phases.
+    `last(phase)` is the phase's latest (start, end) this step, (0, 0) if it did not run."""
 
     def __init__(self) -> None:
         self._t: dict[str, float] = defaultdict(float)
+        self._last: dict[str, tuple[float, float]] = {}
         self._since: float | None = None
 
     def mark(self) -> None:
@@ -55,7 +57,12 @@ class StepTimer:
         try:
             yield
         finally:
-            self._t[phase] += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self._t[phase] += t1 - t0
+            self._last[phase] = (t0, t1)
+
+    def last(self, phase: str) -> tuple[float, float]:
+        return self._last.get(phase, (0.0, 0.0))
 
     def add(self, phase: str, seconds: float) -> None:
         """Seconds a phase took elsewhere (a batch collected while the previous step trained)."""
@@ -69,6 +76,7 @@ class StepTimer:
             out["perf/time_wall_s"] = now - self._since
             self._since = now
         self._t.clear()
+        self._last.clear()
         return out
 
 

@@ -71,10 +71,8 @@ def train(stage: Stage, teacher, cfg: OpdConfig) -> dict[str, float]:
                 items = teacher_items(groups, teacher, cfg.opd.teacher_top_k)
             m = sum_rollout_metrics(groups)
             # 3. no reward in OPD: each row's first rollout not failed by the platform carries the bank on
-            for g in groups:
-                if usable := g.usable():
-                    stage.collector.promote(g, usable[0][0])
-                    done.append(g.scheduled)
+            firsts = [u[0][0] if (u := g.usable()) else None for g in groups]
+            done = stage.collector.carry_forward(groups, firsts)
             m["rollout/windows_done"] = float(len(done))
             if cfg.rollout.dump:
                 stage.dumps.save(step, items)
@@ -116,14 +114,14 @@ def run(cfg: OpdConfig) -> dict[str, float]:
                 replicas=cfg.cluster.placement.teacher_replicas,
                 cluster=cfg.cluster,
             )
+            if hasattr(teacher, "shutdown"):  # a pool of replica actors
+                stage.on_close.append(teacher.shutdown)
             write_placement(stage, stage.run_dir, teacher=getattr(teacher, "infos", "driver"))
             stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "opd_curves.png"))
         last = train(stage, teacher, cfg)
         failed = False
     finally:
-        if hasattr(teacher, "shutdown"):
-            teacher.shutdown()
-        stage.close(failed=failed)
+        stage.close(failed=failed)  # the teacher's replicas first
     return last
 
 

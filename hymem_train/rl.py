@@ -12,15 +12,13 @@ with routing replay updates the policy; weights sync to the rollout engine.
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
 from hymem_train.callbacks.plots import CurvePlot
 from hymem_train.config import CONFIG_DIR, to_typed
-from hymem_train.frozen_models import reader_preflight, start_frozen_models
+from hymem_train.frozen_models import start_reward
 from hymem_train.heldout import rl_chunk_reward
 from hymem_train.rollout.collector import sum_rollout_metrics
 from hymem_train.rollout.overlap import Batch, RolloutBatches, policy_lag, timed_batch
@@ -92,10 +90,7 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
                 batch = batches.take(step)
                 # 4. the rollout with the highest sum of chunk scores carries the bank on (report); a
                 #    window with no valid rollout is retried next step from the same parent
-                for g, res in zip(batch.groups, batch.scored, strict=True):
-                    if res.best_rollout is not None:
-                        stage.collector.promote(g, res.best_rollout)
-                        done.append(g.scheduled)
+                done = stage.collector.carry_forward(batch.groups, [r.best_rollout for r in batch.scored])
                 m = {**sum_rollout_metrics(batch.groups), **reduce_group_metrics(batch.scored)}
                 m["rollout/windows_done"] = float(len(done))
                 m.update(policy_lag(batch.items, step - 1))  # this step trains the weights synced as step - 1
@@ -108,14 +103,11 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
             # 5. PPO on every rank, then push the weights to the rollout engine
             items = stage.trainer.broadcast(items) or []
             trains = cfg.rollout.mode != "rollout_only" and bool(items)
-            trained = (0.0, 0.0)
             if trains:
                 m.update(stage.sleep_engine())
                 with timer("train"):
-                    t0 = time.perf_counter()
                     m.update(stage.trainer.train_items(items, "ppo"))
-                    trained = (t0, time.perf_counter())
-            m.update(batches.wait(trained))
+            m.update(batches.wait(timer.last("train")))  # how much of the next collection it hid
             if trains:
                 m.update(stage.wake_engine())
                 with timer("sync"):
@@ -133,25 +125,16 @@ def train(stage: Stage, reward: HarnessRewards | None, cfg: RlConfig) -> dict[st
 
 def run(cfg: RlConfig) -> dict[str, float]:
     stage = build_stage(cfg, growth_bounds=cfg.reward.scoring.growth_bounds)
-    reward = None
-    frozen: list[Any] = []  # the reader / judge servers this stage started
     failed = True
     try:
+        reward = None
         if stage.is_driver:
-            frozen, reward_cfg = start_frozen_models(stage, cfg)
-            stage.reward_reader = reward_cfg.reader  # the swap evaluation's reader, too
-            if cfg.reader_preflight:
-                reader_preflight(stage, cfg, reward_cfg)
-            reward = HarnessRewards(reward_cfg, stage.bank_readers, stage.dataset.manifests)
+            reward = start_reward(stage, cfg)
             stage.callbacks.callbacks.append(CurvePlot(stage.logger, CURVES, "rl_curves.png"))
         last = train(stage, reward, cfg)
         failed = False
     finally:
-        if reward is not None:
-            reward.shutdown()
-        for server in frozen:
-            server.stop()
-        stage.close(failed=failed)
+        stage.close(failed=failed)  # the reward service and the frozen servers first (start_reward)
     return last
 
 

@@ -79,6 +79,9 @@ class Stage:
     preemption: Preemption | None = None  # every rank: checkpoint and leave on request
     # (driver, RL) the reward's reader as reached, served by the stage or given
     reward_reader: LlmClientConfig | None = None
+    # what an entry point started for this stage (a teacher, the frozen servers): `close` stops them,
+    # last first, before the stage's own parts
+    on_close: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def is_driver(self) -> bool:
@@ -117,6 +120,8 @@ class Stage:
 
     def close(self, failed: bool = False) -> None:
         """`failed`: this rank is leaving on an exception; its peers may not reach a barrier."""
+        while self.on_close:
+            self.on_close.pop()()
         if self.collector is not None and self.collector.pool is not None:
             self.collector.pool.shutdown()
         if self.server is not None:

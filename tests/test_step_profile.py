@@ -184,6 +184,20 @@ def test_step_timer_wall_clock(monkeypatch):
     assert "perf/time_wall_s" not in StepTimer().pop()  # never marked: no wall clock
 
 
+def test_step_timer_last_span_is_the_phase_this_step(monkeypatch):
+    """`last` is what RL measures the overlap against: the latest span of the phase, reset by `pop`."""
+    clock = iter([1.0, 2.0, 4.0, 7.0, 8.0])
+    monkeypatch.setattr("hymem_train.logger.time.perf_counter", lambda: next(clock))
+    timer = StepTimer()
+    with timer("train"):  # 1 -> 2
+        pass
+    with timer("train"):  # 4 -> 7: the later of two spans
+        pass
+    assert timer.last("train") == (4.0, 7.0) and timer.last("sync") == (0.0, 0.0)
+    assert timer.pop()["perf/time_train_s"] == 4.0  # t=8
+    assert timer.last("train") == (0.0, 0.0)  # a step that does not train hides nothing
+
+
 class FakeGateway:
     """Cumulative gateway counters, advanced by hand."""
 

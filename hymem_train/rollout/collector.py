@@ -132,6 +132,16 @@ class RolloutCollector:
             size_tokens=rec.chunks[-1].size_tokens or 0,
         )
 
+    def carry_forward(self, groups: list[WindowRollouts], chosen: list[int | None]) -> list[ScheduledWindow]:
+        """Each group's chosen rollout carries its bank on (`promote`); None leaves the window to be
+        retried next step from the same parent. Returns the windows done, for `scheduler.advance`."""
+        done = []
+        for g, i in zip(groups, chosen, strict=True):
+            if i is not None:
+                self.promote(g, i)
+                done.append(g.scheduled)
+        return done
+
     def clean(self, step: int) -> None:
         if not self.keep_rollout_dirs:
             shutil.rmtree(self.run_dir / "rollouts" / f"step_{step}", ignore_errors=True)

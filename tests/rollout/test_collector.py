@@ -49,8 +49,10 @@ def test_next_window_starts_from_the_promoted_bank(synth_ds, scripted_gateway, n
     try:
         [g0] = col.collect([ScheduledWindow(w0, "native", 0)], 2, step=1)
         assert g0.parent_size == 0 and all(r.record.status == "ok" for r in g0.results)
-        col.promote(g0, 1)
-        b = lineage.banks[lineage.key(w0.sequence_id, 0, 0)]
+        key = lineage.key(w0.sequence_id, 0, 0)
+        assert col.carry_forward([g0], [None]) == [] and key not in lineage.banks  # retried, not carried
+        assert col.carry_forward([g0], [1]) == [g0.scheduled]
+        b = lineage.banks[key]
         assert b.num_entries > 0 and b.known_text
         # the next window's growth baseline is the promoted bank as the window's last chunk left it
         sizes = [c.size_tokens for c in g0.results[1].record.chunks]

@@ -70,8 +70,8 @@ def rl_items(
     `sequence` picks the aggregation unit of "mean over tokens within each sequence": "segment"
     (one LLM call; `trainer.loss.sequence_unit: segment`), "chunk" (all calls of chunk t of one
     rollout: one vote per chunk, as A[i, t] has one vote; `sequence_unit: chunk`) or "trajectory"
-    (all calls of one rollout). A segment whose (trajectory, chunk) has no advantage raises (silent
-    silent failure chunk-unmapped: never broadcast one score).
+    (all calls of one rollout). A segment whose (trajectory, chunk) has no advantage raises
+    (silent failure chunk-unmapped: never broadcast one score).
     """
     if sequence not in SEQUENCES:
         raise ValueError(f"rl_items: sequence={sequence!r}, want one of {SEQUENCES}")

@@ -18,6 +18,9 @@ from hymem_train.run_config import RlConfig
 from hymem_train.stage import Stage, write_placement
 from reward.config import RewardConfig
 from reward.harness_rewards import HarnessRewards
+from reward.judge import Reader
+from reward.llm import ChatClient
+from reward.reader_checks import preflight_to
 
 
 def frozen_roles(cfg: RlConfig) -> list[tuple[str, Any, bool]]:
@@ -87,9 +90,6 @@ def reader_preflight(stage: Stage, cfg: RlConfig, reward: RewardConfig) -> None:
     """On ledger-world training data: does the reader the rewards use read the bank? The four figures
     go to <run_dir>/reader_preflight.json and the log; a failed check stops the stage before step 0
     (reward.reader_checks)."""
-    from reward.judge import Reader
-    from reward.llm import ChatClient
-    from reward.reader_checks import preflight_to
 
     datasets = {h: stage.dataset.of(h) for h in cfg.harnesses}
     preflight_to(

@@ -12,6 +12,7 @@ sees imports inside functions too). Every .py under the four packages is walked:
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,3 +280,67 @@ def test_relative_imports_resolve():
     assert resolve("harnesses.adapters", True, "from .mem0 import X") == "harnesses.adapters.mem0"
     assert resolve("reward.judge", False, "from .llm import ChatClient") == "reward.llm"
     assert resolve("reward.judge", False, "from reward.llm import ChatClient") == "reward.llm"
+
+
+STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
+
+
+def _lazy_exports(package: str) -> dict[str, str]:
+    """A lazy package's `_EXPORTS` (hymem_train/lazy.py): name -> the submodule that defines it."""
+    path = MODULES.get(package)
+    if path is None or path.name != "__init__.py":
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_EXPORTS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def _runs(i: Import) -> list[str]:
+    """The modules an import statement really loads: a lazy package's export resolves to its submodule."""
+    node = ast.parse(i.text).body[0]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    exports = _lazy_exports(i.target)
+    return [f"{i.target}.{exports[a.name]}" if a.name in exports else i.target for a in node.names]
+
+
+def _loads(module: str, edges: dict[str, set[str]]) -> tuple[set[str], set[str]]:
+    """(third-party packages, first-party modules) that importing `module` loads: its module-level
+    imports, transitively, and the packages above each module (Python runs their __init__)."""
+    third, seen, todo = set(), set(), [module]
+    while todo:
+        m = todo.pop()
+        parts = m.split(".")
+        for x in [m] + [".".join(parts[:k]) for k in range(1, len(parts))]:
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in MODULES:
+                todo.extend(edges.get(x, ()))
+            elif _top(x) not in STDLIB and _top(x) not in RANK:
+                third.add(_top(x))
+    return third, seen & set(MODULES)
+
+
+def test_imports_inside_functions_defer_a_package():
+    """An import of the standard library or of the four packages sits inside a function only where it
+    keeps a third-party package (torch, transformers, Ray, ...) off the importer's import path, or where
+    a module-level import would be a cycle. A third-party import inside a function defers that package
+    (its name is the reason). docs/contributing.md, "Imports at the top"."""
+    edges: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        if not i.in_function and not i.type_checking:
+            edges.setdefault(i.importer, set()).update(_runs(i))
+    bad = []
+    for i in IMPORTS:
+        if not i.in_function or i.type_checking:
+            continue
+        mine, _ = _loads(i.importer, edges)
+        for t in _runs(i):
+            if _top(t) not in RANK and _top(t) not in STDLIB:
+                continue
+            theirs, their_modules = _loads(t, edges)
+            if not (theirs - mine) and i.importer not in their_modules:
+                bad.append(f"{i.path}:{i.line}: {i.text}  (loads nothing {i.importer} does not: move it up)")
+    assert not bad, "imports inside functions that defer nothing:\n" + "\n".join(sorted(set(bad)))

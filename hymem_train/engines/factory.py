@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hymem_train.engines.base import Engine
 from hymem_train.engines.config import EngineConfig
+from hymem_train.engines.vllm_engine import VLLMEngine
 
 
 def build_engine(cfg: EngineConfig, model_cfg, tokenizer) -> Engine:
@@ -13,8 +14,6 @@ def build_engine(cfg: EngineConfig, model_cfg, tokenizer) -> Engine:
     cfg.validate()
     eos = [tokenizer.eos_token_id]
     if cfg.kind == "vllm":
-        from hymem_train.engines.vllm_engine import VLLMEngine
-
         if not model_cfg.path:
             raise ValueError("engine.kind=vllm needs model.path (a local HF checkpoint directory)")
         return VLLMEngine(

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse
 from hymem_train.engines.base import PromptTooLongError, SamplingParams
 from hymem_train.gateway.batcher import Batcher, Continuous
 from hymem_train.gateway.config import GatewayConfig
+from hymem_train.gateway.embeddings import MiniLMEmbedder
 from hymem_train.gateway.identity import IdentityError, IdentityMismatch, IdentityRegistry
 from hymem_train.gateway.store import SegmentStore
 from hymem_train.segments import Segment
@@ -133,8 +134,6 @@ class Gateway:
             else Batcher(engine, self.cfg.max_batch_size, self.cfg.batch_wait_ms / 1000)
         )
         if embedder is None and self.cfg.embeddings:
-            from hymem_train.gateway.embeddings import MiniLMEmbedder
-
             embedder = MiniLMEmbedder()
         self.embedder = embedder
         self.counters = {

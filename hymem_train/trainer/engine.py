@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from hymem_train.models.loading import load_model
+from hymem_train.models.routing import RoutingController
 from hymem_train.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hymem_train.trainer.config import TrainerConfig
 from hymem_train.trainer.packing import MicroBatch, plan_step, plan_updates
@@ -164,8 +165,6 @@ class Trainer:
         self.model = model
         self.routing = None
         if cfg.routing_replay and _moe_block_class(model) is not None:
-            from hymem_train.models.routing import RoutingController
-
             self.routing = RoutingController.attach(model)
         self.device = self.engine.device
         self.step = 0

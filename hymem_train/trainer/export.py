@@ -27,6 +27,15 @@ from typing import Any
 
 import torch
 
+from hymem_train.models.checkpoint_files import (
+    DeepSpeedWeights,
+    checkpoint_kind,
+    hf_config_for,
+    run_dir_of,
+    run_model_source,
+    step_dir_of,
+    step_of,
+)
 from hymem_train.models.config import ModelConfig
 from hymem_train.models.loading import DTYPES, load_tokenizer_for
 from hymem_train.trainer.names import out_dtype, persistent_buffers, serving_tensors
@@ -356,15 +365,6 @@ def export_checkpoint(
 
     One process: DeepSpeed step checkpoints are consolidated parameter by parameter from the ranks'
     memory-mapped partition files (hymem_train/models/checkpoint_files.py)."""
-    from hymem_train.models.checkpoint_files import (
-        DeepSpeedWeights,
-        checkpoint_kind,
-        hf_config_for,
-        run_dir_of,
-        run_model_source,
-        step_dir_of,
-        step_of,
-    )
 
     checkpoint, out = Path(checkpoint), Path(out)
     tdtype = DTYPES[dtype]

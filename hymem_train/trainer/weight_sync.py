@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from hymem_train.trainer.names import out_dtype, serving_tensors
+from hymem_train.trainer.names import out_dtype, persistent_buffers, serving_tensors
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,6 @@ def sync_weights(
     if layouts:
         # persistent buffers (the router's score-correction bias, vLLM's expert_bias): not partitioned
         # by ZeRO-3, not trained, but a replica must hold the trainer's, whatever it loaded at start
-        from hymem_train.trainer.names import persistent_buffers
 
         if buffers := list(persistent_buffers(model).items()):
             send(buffers)

@@ -305,7 +305,7 @@ def _runs(i: Import) -> list[str]:
     return [f"{i.target}.{exports[a.name]}" if a.name in exports else i.target for a in node.names]
 
 
-def _loads(module: str, edges: dict[str, set[str]]) -> tuple[set[str], set[str]]:
+def _loads(module: str, edges: dict[str, set[str]], modules: dict[str, Path]) -> tuple[set[str], set[str]]:
     """(third-party packages, first-party modules) that importing `module` loads: its module-level
     imports, transitively, and the packages above each module (Python runs their __init__)."""
     third, seen, todo = set(), set(), [module]
@@ -316,31 +316,38 @@ def _loads(module: str, edges: dict[str, set[str]]) -> tuple[set[str], set[str]]
             if x in seen:
                 continue
             seen.add(x)
-            if x in MODULES:
+            if x in modules:
                 todo.extend(edges.get(x, ()))
-            elif _top(x) not in STDLIB and _top(x) not in RANK:
+            elif _top(x) not in STDLIB and _top(x) not in FIRST_PARTY:
                 third.add(_top(x))
-    return third, seen & set(MODULES)
+    return third, seen & set(modules)
+
+
+# tests/ too (its helpers import the packages); scripts/ and benchmarks/ import inside functions after
+# putting the repository root on sys.path, or run under another venv
+FIRST_PARTY = (*ORDER, "tests")
 
 
 def test_imports_inside_functions_defer_a_package():
-    """An import of the standard library or of the four packages sits inside a function only where it
-    keeps a third-party package (torch, transformers, Ray, ...) off the importer's import path, or where
-    a module-level import would be a cycle. A third-party import inside a function defers that package
-    (its name is the reason). docs/contributing.md, "Imports at the top"."""
+    """An import of the standard library or of the first-party packages sits inside a function only
+    where it keeps a third-party package (torch, transformers, Ray, ...) off the importer's import path,
+    or where a module-level import would be a cycle. A third-party import inside a function defers that
+    package (its name is the reason). docs/contributing.md, "Imports at the top"."""
+    modules = {**MODULES, **{_module_name(p): p for p in sorted((ROOT / "tests").rglob("*.py"))}}
+    imports = _imports(modules)
     edges: dict[str, set[str]] = {}
-    for i in IMPORTS:
+    for i in imports:
         if not i.in_function and not i.type_checking:
             edges.setdefault(i.importer, set()).update(_runs(i))
     bad = []
-    for i in IMPORTS:
+    for i in imports:
         if not i.in_function or i.type_checking:
             continue
-        mine, _ = _loads(i.importer, edges)
+        mine, _ = _loads(i.importer, edges, modules)
         for t in _runs(i):
-            if _top(t) not in RANK and _top(t) not in STDLIB:
+            if _top(t) not in FIRST_PARTY and _top(t) not in STDLIB:
                 continue
-            theirs, their_modules = _loads(t, edges)
+            theirs, their_modules = _loads(t, edges, modules)
             if not (theirs - mine) and i.importer not in their_modules:
                 bad.append(f"{i.path}:{i.line}: {i.text}  (loads nothing {i.importer} does not: move it up)")
     assert not bad, "imports inside functions that defer nothing:\n" + "\n".join(sorted(set(bad)))

@@ -25,6 +25,7 @@ import torch
 from hymem_train.engines import vllm_engine
 from hymem_train.engines.base import SamplingParams
 from hymem_train.engines.vllm_engine import VLLMEngine, check_serving_config
+from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
 from hymem_train.trainer.weight_sync import WeightSyncConfig, sync_weights
 
 if os.environ.get("HYMEM_REQUIRE_VLLM") == "1":
@@ -163,8 +164,6 @@ def test_top_k_beyond_max_logprobs_is_refused_before_vllm_sees_it(models, engine
 
 def test_gateway_serves_concurrent_openai_clients_token_exact(models, engine):
     import openai
-
-    from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
 
     gw = Gateway(engine, models.tok, GatewayConfig(embeddings=False, batch_wait_ms=5))
     with GatewayServer(gw) as srv:

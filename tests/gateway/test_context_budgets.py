@@ -8,6 +8,7 @@ import pytest
 
 from hymem_train.engines.scripted import ScriptedEngine
 from hymem_train.gateway import Gateway, GatewayConfig, GatewayServer
+from hymem_train.gateway.client import GatewayAdmin
 from hymem_train.models.tokenizer import default_tokenizer
 
 MSG = [
@@ -63,8 +64,6 @@ def test_prompt_over_cap_drop_chunk_is_refused_counted_named_and_collected(caplo
         assert gw.store.get("t-drop") == []  # nothing recorded, nothing to train on
         assert any("trajectory t-drop chunk 3" in m and "drop_chunk" in m for m in caplog.messages)
         # the rollout worker collects the event (admin HTTP), once
-        from hymem_train.gateway.client import GatewayAdmin
-
         admin = GatewayAdmin(srv.url, gw.admin_token)
         assert admin.drain_dropped("t-drop") == [{"chunk_index": 3, "prompt_tokens": n}]
         assert admin.drain_dropped("t-drop") == []

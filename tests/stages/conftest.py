@@ -39,6 +39,31 @@ def assets(tmp_path_factory):
     return {"root": root, "train": train, "eval": held, "teacher": teacher}
 
 
+def micro_demo_root(root: Path) -> Path:
+    """What the ablation table reads from a finished `make demo`, at micro scale: ledger data (eval
+    seed 3: its one sequence holds a trap probe, which the reader preflight needs) and the OPD start,
+    the SFT student and the teacher as random tiny models."""
+    from hymem_train.models import build_model
+    from hymem_train.models.tokenizer import default_tokenizer
+    from scripts.demo_lib.pipeline import build_data
+
+    for split, n, seed in (("prompts", 2, 0), ("eval", 1, 3)):
+        build_data(root / "data" / split, num_sequences=n, num_chunks=2, window=2, seed=seed, world="ledger")
+    tok = default_tokenizer()
+    for d, preset, model_seed in (
+        ("opd/final", "tiny_student", 1),
+        ("student_init/final", "tiny_student", 2),
+        ("sft/final", "tiny_teacher", 1),
+    ):
+        build_model(preset, seed=model_seed).save_pretrained(root / d)
+        tok.save_pretrained(root / d)
+    return root
+
+
+# the ablation runs at micro scale: one window of short writes per step
+MICRO_RL = ["rollout.num_workers=2", "harnesses.native.native.max_tokens=16", "rl.num_windows_per_step=1"]
+
+
 COMMON = [
     "harnesses.native.native.max_tokens=24",
     "engine.max_model_len=1024",

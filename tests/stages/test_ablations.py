@@ -19,7 +19,7 @@ from scripts.demo_lib.ablations import (
     run_table,
     write_table,
 )
-from scripts.demo_lib.pipeline import build_data
+from tests.stages.conftest import MICRO_RL, micro_demo_root
 
 pytestmark = pytest.mark.slow
 
@@ -37,25 +37,11 @@ def test_discover_translates_each_overlay_to_the_tiny_recipe(tmp_path):
 
 
 def test_runner_micro_scale_table_shape(tmp_path):
-    from hymem_train.models import build_model
-    from hymem_train.models.tokenizer import default_tokenizer
-
-    root = tmp_path / "demo"
-    # eval seed 3: its one sequence holds a trap probe, which the reader preflight needs
-    for split, n, seed in (("prompts", 2, 0), ("eval", 1, 3)):
-        build_data(root / "data" / split, num_sequences=n, num_chunks=2, window=2, seed=seed, world="ledger")
-    tok = default_tokenizer()
-    for d, preset, model_seed in (
-        ("opd/final", "tiny_student", 1),
-        ("student_init/final", "tiny_student", 2),
-        ("sft/final", "tiny_teacher", 1),
-    ):
-        build_model(preset, seed=model_seed).save_pretrained(root / d)
-        tok.save_pretrained(root / d)
+    root = micro_demo_root(tmp_path / "demo")
     # one real run (CI time: each is ~60 s); sft_init is a path knob (above), no_traps runs in the array
     # checks below from a copy of baseline's run directory
     only = ["baseline", "single_harness"]
-    fast = ["rollout.num_workers=2", "harnesses.native.native.max_tokens=16", "rl.num_windows_per_step=1"]
+    fast = MICRO_RL
     table = run_table(root, tmp_path / "out", seeds=1, steps=1, only=only, extra=fast)
     by = {a.name: a for a in table}
     assert list(by) == [*only, START]  # the OPD start is evaluated beside the arms

@@ -6,6 +6,8 @@ and hostname). One trainer rank per node (srun + torchrun), Ray over both, rollo
 - OPD is preempted (`scancel --batch --signal=USR1`) after its first step, requeues itself, resumes from
   the checkpoint, and reproduces the 1-rank run launched without Slurm: every metric and the weights.
 - RL reproduces its 1-rank run the same way.
+- The ablation table as a job array (slurm/submit_ablations.sh): two arms on one-node allocations,
+  then the table job after them.
 - After each job, nothing but slurmd is left in either node.
 
 Skipped with cluster.sh's reason where this machine cannot make network namespaces or lacks Slurm;
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stages.conftest import OPD_TWO_STEPS, RL_TWO_STEPS
+from tests.stages.conftest import MICRO_RL, OPD_TWO_STEPS, RL_TWO_STEPS, micro_demo_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.slurm]
 
@@ -186,3 +188,43 @@ def test_two_node_opd_preempted_requeued_then_rl_reproduce_runs_without_slurm(
     _ranks_and_workers(rl, rl / "slurm" / f"{job}.0")
     assert slurm.leftovers() == {n: [] for n in NODES}
     stage.same_run(rl_one_rank, rl, stage.RL_KEYS)
+
+
+def test_ablation_table_as_a_job_array(slurm, tmp_path):
+    """slurm/submit_ablations.sh at micro scale: two arms x one seed as a job array of one-node RL runs
+    (each slurm/ray_job.sbatch with its manifest line), then the table job after the array, which
+    evaluates both runs' final checkpoints and writes OUT/table.md."""
+    root = micro_demo_root(tmp_path / "demo")
+    out = tmp_path / "array"
+    runs = [
+        f"data.path={root}/data/prompts/native",
+        "data.eval_path=''",
+        f"init_checkpoint={root}/opd/final",
+        f"reader_model.path={root}/sft/final",
+        "num_steps=1",
+        "save_every=1",
+        "logging.wandb_mode=disabled",
+        *MICRO_RL,
+    ]
+    submit = [
+        "slurm/submit_ablations.sh",
+        *("--out", str(out), "--seeds", "1", "--only", "baseline no_traps", "--base", "demo_rl"),
+        *("--eval-data", str(root / "data" / "eval" / "native")),
+        *("--", "--nodes=1", "--", *runs),
+    ]
+    said = slurm.exec(*submit, timeout=300)
+    assert "array " in said and ": 2 runs (baseline no_traps x 1 seeds)" in said, said
+    table_job = re.search(r"table job (\d+)", said).group(1)
+    info = slurm.wait_done(table_job, timeout=1200)
+    logs = "\n".join(p.read_text() for p in sorted((out / "logs").glob("*.out")))
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), logs + slurm.daemon_logs(table_job)
+    for arm in ("baseline", "no_traps"):
+        run = out / arm / "seed0"
+        assert (run / "final" / "config.json").exists(), logs
+        assert any((run / "slurm").iterdir()), logs  # started by ray_job.sbatch on its own allocation
+        assert "array task" in logs and f"{arm} seed 0 -> {run}" in logs
+    text = (out / "table.md").read_text()
+    assert "| no_traps | false_memory_resistance |" in text and "Unfinished runs" not in text, text
+    arms = [r.split("|")[1].strip() for r in text.split("| arm |")[1].splitlines()[2:] if r.startswith("| ")]
+    assert arms[:2] == ["baseline", "no_traps"], text
+    assert slurm.leftovers() == {n: [] for n in NODES}

@@ -445,6 +445,39 @@ def paired_checks(bank_json: Path) -> list[dict]:
     return out
 
 
+# the testbed's gates: the teacher must be able to do the task, and RL must start with signal
+TEACHER_RECALL_GATE = 0.6  # gold facts stored value-exact by the teacher, held out
+PASS1_RANGE = (0.2, 0.7)  # the OPD student's held-out mean chunk score at RL step 0
+ZERO_ADV_MAX = 0.5  # share of scored cells with no GRPO signal at RL step 1
+
+
+def gates(root: Path, rl: list[dict]) -> list[dict]:
+    """Each gate's measured value and whether it is met (a missing number: not met)."""
+    bank = root / "swap" / "eval" / "bank_metrics.json"
+    writers = json.loads(bank.read_text())["harnesses"]["native"]["writers"] if bank.exists() else {}
+    recall = writers.get("teacher", {}).get("memory_recall", {}).get("value")
+    s0 = next((r["eval/s"] for r in rl if r.get("step") == 0 and "eval/s" in r), None)
+    z1 = next((r["reward/zero_advantage_share"] for r in rl if "reward/zero_advantage_share" in r), None)
+    lo, hi = PASS1_RANGE
+    return [
+        {
+            "gate": f"teacher's held-out memory recall >= {TEACHER_RECALL_GATE}",
+            "value": recall,
+            "met": recall is not None and recall >= TEACHER_RECALL_GATE,
+        },
+        {
+            "gate": f"OPD student's held-out chunk score at RL step 0 in [{lo}, {hi}]",
+            "value": s0,
+            "met": s0 is not None and lo <= s0 <= hi,
+        },
+        {
+            "gate": f"zero-advantage share at RL step 1 <= {ZERO_ADV_MAX}",
+            "value": z1,
+            "met": z1 is not None and z1 <= ZERO_ADV_MAX,
+        },
+    ]
+
+
 def _preflight_line(path: Path) -> str:
     if not path.exists():
         return "reader self-checks: not run"
@@ -465,6 +498,7 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         f"{k.removeprefix('oracle_')} {v}" for k, v in counts.items() if k.startswith("oracle_")
     )
     checks = paired_checks(root / "swap" / "eval" / "bank_metrics.json")
+    gate_rows = gates(root, rl)
     lines = [
         "# hymem-train CPU demo report",
         "",
@@ -494,6 +528,14 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         "- share of scored training cells with advantage 0 (no GRPO signal), mean over steps: "
         + (f"{sum(zadv) / len(zadv):.2f}" if zadv else "n/a"),
         "",
+        "## Gates (the teacher can do the task; RL starts with signal)",
+        *(
+            f"- {g['gate']}: "
+            + ("n/a" if g["value"] is None else f"{g['value']:.3f}")
+            + f" ({'met' if g['met'] else 'NOT met'})"
+            for g in gate_rows
+        ),
+        "",
         "## Predicted differences (paired over held-out sequences, 95% bootstrap interval)",
         "| a - b | bank metric | difference | held | why predicted |",
         "|---|---|---|---|---|",
@@ -514,7 +556,15 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
     ]
     text = "\n".join(lines) + "\n"
     (root / "report.md").write_text(text)
-    result = {"kl": kl, "reward": rew, "prm": prm, "pen": pen, "timings": timings, "checks": checks}
+    result = {
+        "kl": kl,
+        "reward": rew,
+        "prm": prm,
+        "pen": pen,
+        "timings": timings,
+        "checks": checks,
+        "gates": gate_rows,
+    }
     (root / "report.json").write_text(json.dumps({**result, "counts": counts}, indent=1, default=str))
     _report_png(root, opd, rl)
     print(text)

@@ -132,6 +132,16 @@ def test_report_reads_first_and_last_values(tmp_path):
         and "eval 0.0%" in text
         and "| opd - sft | memory_recall | n/a | no |" in text
     )
+    # the gates: step 0's held-out score (0.30, in range), step 1's zero-advantage share (0.5, the
+    # bound: met), and no evaluation, so no teacher recall (not met)
+    assert [(g["value"], g["met"]) for g in out["gates"]] == [(None, False), (0.30, True), (0.5, True)]
+    assert "teacher's held-out memory recall >= 0.6: n/a (NOT met)" in text
+    (tmp_path / "swap" / "eval").mkdir(parents=True)
+    writers = {"teacher": {"memory_recall": {"value": 0.59, "lo": 0.5, "hi": 0.7}}}
+    (tmp_path / "swap" / "eval" / "bank_metrics.json").write_text(
+        json.dumps({"harnesses": {"native": {"writers": writers, "differences": []}}})
+    )
+    assert not write_report(tmp_path, counts, {"total": 1.0})["gates"][0]["met"]  # 0.59 < 0.6
 
 
 def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):

@@ -12,6 +12,7 @@ sees imports inside functions too). Every .py under the four packages is walked:
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,6 +286,7 @@ def test_relative_imports_resolve():
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 
 
+@functools.cache  # read once per package, not once per import statement
 def _lazy_exports(package: str) -> dict[str, str]:
     """A lazy package's `_EXPORTS` (hymem_train/lazy.py): name -> the submodule that defines it."""
     path = MODULES.get(package)

@@ -31,7 +31,7 @@ from harnesses.base import Endpoint, write_json_atomic
 from hymem_train.config import CONFIG_DIR, to_typed, to_yaml
 from hymem_train.evaluation.bank_report import write_bank_metrics
 from hymem_train.evaluation.config import WriterConfig
-from hymem_train.evaluation.matrix import Endpoints, MatrixRun, held_out, plan_matrix
+from hymem_train.evaluation.matrix import Endpoints, MatrixRun, gold_datasets, held_out, plan_matrix
 from hymem_train.evaluation.report import build_table, write_outputs
 from hymem_train.run_config import EvaluateConfig
 from reward.eval_protocol import metric_for
@@ -61,10 +61,11 @@ def writer_tokenizer(cfg: EvaluateConfig, model_cfg):
 
 
 @contextlib.contextmanager
-def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
+def serve_writer(cfg: EvaluateConfig, w: WriterConfig, gold_data: dict | None = None):
     """(endpoint, served-call counter) for one writer; a checkpoint is served by the engine in frozen
     mode behind a gateway of this process for as long as its cell runs; so is the gold writer's scripted
-    engine (evaluation/bound.py); the empty writer has no endpoint (nothing is written)."""
+    engine (evaluation/bound.py, `gold_data`: framework -> the dataset its harnesses write); the empty
+    writer has no endpoint (nothing is written)."""
     if w.kind == "empty":
         yield None, None
         return
@@ -78,7 +79,7 @@ def serve_writer(cfg: EvaluateConfig, w: WriterConfig):
     if w.kind == "gold":
         from hymem_train.evaluation.bound import gold_engine
 
-        engine, tok = gold_engine(cfg.engine.max_model_len)
+        engine, tok = gold_engine(gold_data or {}, cfg.engine.max_model_len)
     else:
         model_cfg = writer_model_cfg(cfg, w)
         tok = writer_tokenizer(cfg, model_cfg)
@@ -114,11 +115,12 @@ def fixed_services(cfg: EvaluateConfig):
         ):
             if local:
                 client = getattr(proto, role)
-                if role == "reader" and cfg.reader_kind == "extractive":  # reader_model unused
+                if role == "reader" and cfg.reader_kind != "model":  # an instrument: reader_model unused
                     srv = start_instrument_server(
                         default_tokenizer(),
                         served_model_name=client.model,
                         max_model_len=cfg.engine.max_model_len,
+                        kind=cfg.reader_kind,
                     )
                 else:
                     srv = start_frozen_server(
@@ -152,7 +154,7 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
         matrix = MatrixRun(cfg, out, endpoints, parallel_builds=cfg.parallel_builds, progress=progress)
         served_calls = {}
         for w in cfg.writers:
-            with serve_writer(cfg, w) as (ep, served):
+            with serve_writer(cfg, w, gold_datasets(cfg, planned)) as (ep, served):
                 endpoints.writers[w.name] = ep
                 if served is not None:
                     endpoints.served[w.name] = served
@@ -236,7 +238,7 @@ def writer_label(w: WriterConfig) -> str:
     if w.kind == "empty":
         return "store nothing (bound: each bank is created and nothing is written)"
     if w.kind == "gold":
-        return "gold bank (bound: the ledger world's gold ops through the native harness's write path)"
+        return "gold bank (bound: the data's gold memories through each harness's own write path)"
     return f"checkpoint `{w.checkpoint}`" if w.checkpoint else f"endpoint {w.base_url} model `{w.model}`"
 
 

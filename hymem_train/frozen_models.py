@@ -60,12 +60,15 @@ def start_frozen_models(stage: Stage, cfg: RlConfig) -> tuple[list[Any], RewardC
                     export_dir=stage.run_dir / f"{role}_hf",
                 )
                 write_placement(stage, stage.run_dir, **{role: srv.infos, f"{role}_gateway": srv.base_url})
-            elif local and role == "reader" and cfg.reader_kind == "extractive":  # reader_model unused
+            elif (
+                local and role == "reader" and cfg.reader_kind != "model"
+            ):  # an instrument: reader_model unused
                 srv = start_instrument_server(
                     stage.tokenizer,
                     served_model_name=client.model,
                     max_model_len=cfg.engine.max_model_len,
                     host=cfg.gateway.host,
+                    kind=cfg.reader_kind,
                 )
             elif local:  # CPU boxes: the frozen reader in this process
                 srv = start_frozen_server(

@@ -185,7 +185,7 @@ class RlConfig(StageConfig):
     # .judge replicas > 0); a training run's checkpoint is exported for a vLLM pool (<run>/<role>_hf)
     reader_model: ModelConfig = field(default_factory=ModelConfig)
     judge_model: ModelConfig = field(default_factory=ModelConfig)
-    reader_kind: str = "model"  # the local reader: "model" (reader_model) or "extractive" (reward.instrument)
+    reader_kind: str = "model"  # the local reader: "model" (reader_model) or an instrument (READER_KINDS)
     # ledger-world data: check the reader reads the bank before step 0 (reward.reader_checks)
     reader_preflight: bool = True
 
@@ -222,16 +222,18 @@ class RlConfig(StageConfig):
             raise ValueError(f"reward.scoring.growth_bounds has no bounds for declared harness(es) {missing}")
 
 
-READER_KINDS = ("model", "extractive")
+# "model": reader_model; the instruments (hymem_train/engines/instrument.py INSTRUMENTS): "extractive"
+# (reward.instrument, the ledger world's grammar) and "lexical" (reward.lexical, real-data banks)
+READER_KINDS = ("model", "extractive", "lexical")
 
 
 def check_reader_kind(kind: str, local_reader: bool, replicas: int = 0) -> None:
-    """`reader_kind`: the extractive reader has no checkpoint, so only this process can serve it."""
+    """`reader_kind`: an instrument reader has no checkpoint, so only this process can serve it."""
     if kind not in READER_KINDS:
         raise ValueError(f"reader_kind={kind!r}: want one of {READER_KINDS}")
-    if kind == "extractive" and (not local_reader or replicas):
+    if kind != "model" and (not local_reader or replicas):
         raise ValueError(
-            "reader_kind=extractive is served in this process (no model to place): set local_reader=true"
+            f"reader_kind={kind} is served in this process (no model to place): set local_reader=true"
             + (f" and cluster.placement.reader.replicas=0 (got {replicas})" if replicas else "")
         )
 
@@ -249,7 +251,7 @@ class EvaluateConfig(MatrixConfig):
     # CPU boxes: serve the fixed reader / judge from local HF engines (their base_url is then set)
     local_reader: bool = False
     reader_model: ModelConfig = field(default_factory=ModelConfig)
-    reader_kind: str = "model"  # the local reader: "model" (reader_model) or "extractive" (reward.instrument)
+    reader_kind: str = "model"  # the local reader: "model" (reader_model) or an instrument (READER_KINDS)
     # ledger-world data: check the reader reads the bank before the matrix runs (reward.reader_checks)
     reader_preflight: bool = True
     local_judge: bool = False

@@ -50,7 +50,7 @@ _SEVERAL_RE = re.compile(
     r"^what are (?P<person>.+)'s (?P<attrs>[a-z]+(?: [a-z]+)*? and [a-z]+(?: [a-z]+)*?)\s*\??$"
 )
 _PROMPT_RE = re.compile(r"Memory records:\n(?P<block>.*)\n\nQuestion: (?P<question>[^\n]*)", re.S)
-_ENTRY_RE = re.compile(r"^\[\d+\] (?:\([^()\n]*\) )?(?P<text>.*)$")
+_ENTRY_RE = re.compile(r"^\[\d+\] (?:\((?P<date>[^()\n]*)\) )?(?P<text>.*)$")
 _ASKED_ON_RE = re.compile(r"^The question is asked on .*\.$")  # eval_protocol's line after the block
 NO_RECORDS = "(no records)"  # reward.judge.format_memories of an empty search
 
@@ -110,6 +110,12 @@ def _key_answer(recs: list[LedgerRecord], *, history: bool) -> str:
 def parse_reader_prompt(text: str) -> tuple[str, list[str]]:
     """(question, record texts) of a reader prompt as the engine decodes it (special tokens skipped).
     ValueError naming what is missing when the text is not a reader prompt."""
+    question, entries = parse_reader_entries(text)
+    return question, [t for _, t in entries]
+
+
+def parse_reader_entries(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """`parse_reader_prompt` with each record's date ("" when its line has none): (question, [(date, text)])."""
     m = _PROMPT_RE.search(text)
     if m is None:
         missing = [
@@ -134,13 +140,13 @@ def parse_reader_prompt(text: str) -> tuple[str, list[str]]:
     lines = m.group("block").split("\n")
     if lines and _ASKED_ON_RE.match(lines[-1]):
         lines.pop()
-    records: list[str] = []
+    records: list[tuple[str, str]] = []
     for line in lines:
         e = _ENTRY_RE.match(line)
         if e is not None:
-            records.append(e.group("text"))
+            records.append((e.group("date") or "", e.group("text")))
         elif records:  # a record's own line break: the record is prose then, and will not parse
-            records[-1] += "\n" + line
+            records[-1] = (records[-1][0], records[-1][1] + "\n" + line)
         elif line.strip() != NO_RECORDS:
             raise ValueError(
                 f"not a reader prompt: its records block starts with {line[:80]!r}, not '[1] ...'"

@@ -165,14 +165,21 @@ class MatrixConfig:
 
 
 def check_gold_harnesses(writers: list[WriterConfig], harnesses: dict[str, HarnessConfig]) -> None:
-    """The gold writer answers the native harness's write prompt only (its ledger data is checked with the
-    plan, once the data is read: matrix.check_bound_writers)."""
+    """The gold writer answers the write prompts of the native harness, mem0 and hy-memory's chat scene
+    only (data_pipeline/source_gold.py; its data is checked with the plan, once the data is read:
+    matrix.check_bound_writers)."""
+    from data_pipeline.source_gold import FRAMEWORKS
+
     gold = [w.name for w in writers if w.kind == "gold"]
-    other = {h: c.framework for h, c in harnesses.items() if c.framework != "native"}
+    other = {
+        h: f"{c.framework}/{c.scene}"
+        for h, c in harnesses.items()
+        if c.framework not in FRAMEWORKS or (c.framework == "hy_memory" and c.scene != "chat")
+    }
     if gold and other:
         raise ValueError(
-            f"writer(s) {gold}: kind=gold writes the ledger world's gold ops through the native harness's write "
-            f"prompt, but harness(es) {other} are not native; drop them or the gold writer"
+            f"writer(s) {gold}: kind=gold replies to the write prompts of {FRAMEWORKS} (hy_memory: the chat "
+            f"scene), but harness(es) {other} are not among them; drop them or the gold writer"
         )
 
 

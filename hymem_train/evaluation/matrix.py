@@ -188,14 +188,33 @@ def ledger_sequences(p: HarnessPlan) -> bool:
 
 
 def check_bound_writers(cfg: MatrixConfig, plans: list[HarnessPlan]) -> None:
-    """The gold writer knows the gold ops of ledger-world chunks only."""
+    """The gold writer knows the gold ops of ledger-world chunks (the native harness) and the gold
+    memories of real data that has them (observations or evidence turns, data_pipeline/source_gold.py);
+    each framework's harnesses must write one dataset, since the writer tells them apart by prompt only."""
     gold = [w.name for w in cfg.writers if w.kind == "gold"]
-    other = [str(p.dataset.root) for p in plans if not ledger_sequences(p)]
-    if gold and other:
-        raise ValueError(
-            f"writer(s) {gold}: kind=gold needs ledger data (sequences with source {LEDGER_SOURCE!r}, "
-            f"data.synthetic.world=ledger); {other} holds other sequences"
-        )
+    if not gold:
+        return
+    from data_pipeline.source_gold import has_gold
+
+    bad, roots = [], {}
+    for p in plans:
+        fw = cfg.harnesses[p.harness].framework
+        roots.setdefault(fw, set()).add(str(p.dataset.root))
+        if ledger_sequences(p):
+            if fw != "native":
+                bad.append(f"{p.harness}: ledger data is written by the native harness only, not {fw}")
+        elif not has_gold(p.dataset):
+            bad.append(f"{p.harness}: {p.dataset.root} has no gold memories (no facts, no has_answer turns)")
+    shared = {fw: sorted(r) for fw, r in roots.items() if len(r) > 1}
+    if shared:
+        bad.append(f"harnesses of one framework write different datasets {shared}; split the run")
+    if bad:
+        raise ValueError(f"writer(s) {gold}, kind=gold: " + "; ".join(bad))
+
+
+def gold_datasets(cfg: MatrixConfig, plans: list[HarnessPlan]) -> dict[str, BuiltDataset]:
+    """framework -> the dataset its harnesses write (one per framework: check_bound_writers)."""
+    return {cfg.harnesses[p.harness].framework: p.dataset for p in plans}
 
 
 def plan_record(plans: list[HarnessPlan], cfg: MatrixConfig) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """A frozen model (the RL reader or judge, the evaluation's) served by the stage itself behind a
 frozen-mode gateway: in this process on a CPU box (`local_reader=true`), or as the pool of engine
 replicas that cluster.placement.reader / .judge asks for (Ray actors on their own GPUs, docs/cluster.md).
-With `reader_kind=extractive` the reader is no model but the extractive reader (reward.instrument),
-behind the same frozen gateway."""
+With `reader_kind=extractive` (or `lexical`) the reader is no model but an instrument
+(reward.instrument, reward.lexical), behind the same frozen gateway."""
 
 from __future__ import annotations
 
@@ -32,16 +32,20 @@ def start_frozen_server(
 
 
 def start_instrument_server(
-    tokenizer, *, served_model_name: str, max_model_len: int, host: str = "127.0.0.1"
+    tokenizer,
+    *,
+    served_model_name: str,
+    max_model_len: int,
+    host: str = "127.0.0.1",
+    kind: str = "extractive",
 ) -> GatewayServer:
-    """The extractive reader (reward.instrument, no model) behind the same frozen gateway as
-    `start_frozen_server` (`reader_kind=extractive`): the same client path, an answer extracted from
-    the prompt's records. `tokenizer` applies the chat template and decodes the prompt."""
-    from hymem_train.engines.instrument import ExtractiveReaderEngine
+    """An instrument reader (`kind`: reader_kind extractive or lexical; no model) behind the same frozen
+    gateway as `start_frozen_server`: the same client path, an answer extracted from the prompt's
+    records. `tokenizer` applies the chat template and decodes the prompt."""
+    from hymem_train.engines.instrument import InstrumentReaderEngine
 
-    return _serve(
-        ExtractiveReaderEngine(tokenizer, max_model_len=max_model_len), tokenizer, served_model_name, host
-    )
+    engine = InstrumentReaderEngine(tokenizer, max_model_len=max_model_len, kind=kind)
+    return _serve(engine, tokenizer, served_model_name, host)
 
 
 def start_frozen_pool(

@@ -8,7 +8,7 @@ import pytest
 from data_pipeline.schema import NO_SUCH_RECORD
 from harnesses.base import MemoryEntry
 from hymem_train.engines.base import SamplingParams
-from hymem_train.engines.instrument import ExtractiveReaderEngine
+from hymem_train.engines.instrument import InstrumentReaderEngine
 from hymem_train.gateway.local_reader import start_instrument_server
 from hymem_train.models.tokenizer import default_tokenizer
 from reward.config import LlmClientConfig
@@ -123,7 +123,7 @@ def test_a_prompt_that_is_not_a_reader_prompt_raises_naming_what_is_missing(tok)
 
 # ------------------------------------------------------------------------------------------ engine
 def test_engine_answers_stops_and_truncates_to_max_tokens(tok):
-    eng = ExtractiveReaderEngine(tok, max_model_len=4096)
+    eng = InstrumentReaderEngine(tok, max_model_len=4096)
     msgs = reader_messages("How did Alice's city change?", _entries(BANK))
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
     full = tok.encode("Lisbon; Oslo; Lisbon", add_special_tokens=False)

@@ -1,6 +1,9 @@
 import os
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 # No hub, no telemetry, anywhere in the suite.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,3 +46,15 @@ def _isolate_distributed_env():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def locomo_sample(tmp_path_factory):
+    """The shared LoCoMo + LongMemEval-S slices built once (+exp=data_locomo_sample, a few seconds): the
+    directory holding one dataset per chunking profile (mem0, hy_memory, memos)."""
+    from data_pipeline.build import build, load_config
+
+    os.environ["HYMEM_SAMPLE_DATA"] = str(REPO / "tests" / "fixtures" / "sample_data")  # wherever pytest runs
+    out = tmp_path_factory.mktemp("locomo_sample")
+    build(load_config(["+exp=data_locomo_sample", f"out_dir={out}"]))
+    return out

@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 from data_pipeline.chunking import iso_date
+from data_pipeline.source_gold import has_gold
 from data_pipeline.store import BuiltDataset
 from harnesses.base import Endpoint, HarnessError, PlatformError, WriteStatus, write_json_atomic
 from harnesses.registry import HarnessConfig, get_spec, make_harness
@@ -194,8 +195,6 @@ def check_bound_writers(cfg: MatrixConfig, plans: list[HarnessPlan]) -> None:
     gold = [w.name for w in cfg.writers if w.kind == "gold"]
     if not gold:
         return
-    from data_pipeline.source_gold import has_gold
-
     bad, roots = [], {}
     for p in plans:
         fw = cfg.harnesses[p.harness].framework

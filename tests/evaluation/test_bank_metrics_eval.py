@@ -10,6 +10,7 @@ import pytest
 
 from data_pipeline.build import build, load_config
 from data_pipeline.ledger_oracle import Flaws, LedgerOracle
+from data_pipeline.store import BuiltDataset
 from harnesses.registry import HarnessConfig
 from hymem_train.config import compose, to_typed
 from hymem_train.evaluate import evaluate
@@ -127,31 +128,34 @@ def test_bound_writer_validation(ledger, tmp_path):
     with pytest.raises(ValueError, match="kind=empty takes neither"):
         WriterConfig(name="x", kind="empty", checkpoint="ckpt").validate()
     WriterConfig(name="x", kind="gold").validate()
+    gold = [WriterConfig(name="g", kind="gold")]
     native, mem0 = HarnessConfig(framework="native", in_process=True), HarnessConfig(framework="mem0")
-    cfg = MatrixConfig(
-        writers=[WriterConfig(name="g", kind="gold")], harnesses={"native": native, "mem0": mem0}
-    )
+    # the gold writer knows the write prompts of native, mem0 and hy-memory's chat scene only
+    for other in (
+        HarnessConfig(framework="memoryos", scene="general_text"),
+        HarnessConfig(framework="hy_memory", scene="working"),
+    ):
+        bad = MatrixConfig(writers=gold, harnesses={"native": native, "x": other})
+        bad.data.path = str(ledger)
+        with pytest.raises(ValueError, match="are not among them"):
+            bad.validate()
+    # known write paths validate; the data is checked with the plan: ledger data is written by native only
+    cfg = MatrixConfig(writers=gold, harnesses={"native": native, "mem0": mem0}, subsample="all")
     cfg.data.path = str(ledger)
-    with pytest.raises(ValueError, match="not native"):
-        cfg.validate()
-    templated = build_data(tmp_path / "templated", "templated")
-    cfg = MatrixConfig(
-        writers=[WriterConfig(name="g", kind="gold")], harnesses={"native": native}, subsample="all"
-    )
-    cfg.data.path = str(templated)
     cfg.validate()
-    with pytest.raises(ValueError, match="kind=gold needs ledger data"):
+    with pytest.raises(ValueError, match="native harness only, not mem0"):
         plan_matrix(cfg)
+    cfg = MatrixConfig(writers=gold, harnesses={"native": native}, subsample="all")
     cfg.data.path = str(ledger)
     assert plan_matrix(cfg)
 
 
-def test_gold_engine_never_cuts_a_reply():
+def test_gold_engine_never_cuts_a_reply(ledger):
     """A gold reply cut at the token budget would not write the gold bank: the request fails instead."""
     from hymem_train.engines.base import SamplingParams
     from hymem_train.evaluation.bound import gold_engine
 
-    eng, tok = gold_engine(4096)
+    eng, tok = gold_engine({"native": BuiltDataset(ledger)}, 4096)
     prompt = tok.encode(
         "Session session_1, date 2023-01-02.\nExisting memories:\n(none)\n\nNew conversation:\n"
         "user: Alice: My dog is Rex.\nuser: Sam: Nice!"

@@ -29,13 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def locomo(tmp_path_factory):
-    os.environ["HYMEM_SAMPLE_DATA"] = str(
-        REPO / "tests" / "fixtures" / "sample_data"
-    )  # wherever pytest runs from
-    out = tmp_path_factory.mktemp("locomo_sample")
-    build(load_config(["+exp=data_locomo_sample", f"out_dir={out}"]))
-    return out / "mem0"
+def locomo(locomo_sample):
+    return locomo_sample / "mem0"
 
 
 def user_text(body):

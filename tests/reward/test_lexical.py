@@ -34,7 +34,10 @@ def test_time_question_answers_the_record_date():
     assert lexical_answer("When did Caroline go to the LGBTQ support group?", recs) == "8 May 2023"
     assert lexical_answer("What year did Melanie paint the sunrise?", recs) == "8 May 2023"
     # no date anywhere: the record's words are the answer
-    assert lexical_answer("When did Melanie paint?", [("", "Melanie painted a lake sunrise")]) == "a lake sunrise"
+    assert (
+        lexical_answer("When did Melanie paint?", [("", "Melanie painted a lake sunrise")])
+        == "a lake sunrise"
+    )
 
 
 def test_dates_from_the_suffix_the_entry_or_a_when_line():
@@ -61,7 +64,9 @@ def test_lexical_reader_through_the_reader_prompt():
     from hymem_train.models.tokenizer import default_tokenizer
 
     tok = default_tokenizer()
-    msgs = default_reader_messages(Item(), [Entry(PAINT), Entry("Caroline went to a support group", "2023-05-07")])
+    msgs = default_reader_messages(
+        Item(), [Entry(PAINT), Entry("Caroline went to a support group", "2023-05-07")]
+    )
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if isinstance(ids, dict) else ids
     q, entries = parse_reader_entries(tok.decode(ids, skip_special_tokens=True))

@@ -257,12 +257,19 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(  # writers and cells resampled independently: neither paired nor clustered
         "eval_unpaired_resampling",
         "hymem_train/evaluation/report.py",
-        'shared = _weights(rng, B, C, every) if resampling == "clustered" else None',
+        'shared = _stratified_weights(rng, B, C, data) if resampling == "clustered" else None',
         "shared = None",
         (
             "tests/evaluation/test_report.py::test_a_small_paired_difference_is_detected_paired_and_missed_unpaired",
             "tests/evaluation/test_report.py::test_clustered_intervals_widen_where_items_are_shared_across_cells",
         ),
+    ),
+    Mutation(  # the shared draw taken from the pool of sequences: a replicate can miss a whole benchmark
+        "eval_clustered_draw_unstratified",
+        "hymem_train/evaluation/report.py",
+        'shared = _stratified_weights(rng, B, C, data) if resampling == "clustered" else None',
+        'shared = _weights(rng, B, C, np.arange(C)) if resampling == "clustered" else None',
+        ("tests/evaluation/test_report.py::test_clustered_draw_keeps_every_benchmark_in_every_replicate",),
     ),
     Mutation(  # the run-time leak check removed: a writer serving a reader call goes unnoticed
         "eval_leak_check_removed",

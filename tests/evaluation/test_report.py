@@ -111,6 +111,22 @@ def test_clustered_intervals_widen_where_items_are_shared_across_cells():
     assert 1.8 < ratio < 2.7, ratio  # sqrt(5) = 2.24
 
 
+def test_clustered_draw_keeps_every_benchmark_in_every_replicate():
+    """Two LoCoMo conversations and eight LongMemEval haystacks (the shipped slices' shape): drawn from
+    the pool, 11% of replicates hold no LoCoMo conversation and the harness score is LongMemEval's alone.
+    Stratified by the metrics a sequence feeds, a writer right on every LoCoMo item and wrong on every
+    LongMemEval one scores 50 in every replicate."""
+    recs = [
+        rec("a", "native", "LoCoMo Judge", f"c{c}q{q}", 1.0, seq=f"conv{c}")
+        for c in range(2)
+        for q in range(5)
+    ]
+    recs += [rec("a", "native", "LongMemEval", f"h{c}", 0.0, seq=f"hay{c}") for c in range(8)]
+    t = build_table(recs, ["a"], ["native"], {}, resamples=2000)
+    assert t.cells[("a", "native", "LoCoMo Judge")].lo == 100.0
+    assert (t.average["a"].mean, t.average["a"].lo, t.average["a"].hi) == (50.0, 50.0, 50.0)
+
+
 def test_a_small_paired_difference_is_detected_paired_and_missed_unpaired():
     """Writer a gets 6 of 200 items right that b misses, and every other item the same: +3 points."""
     n = 200

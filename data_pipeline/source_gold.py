@@ -12,7 +12,7 @@ with the chunk's gold memories, so they reach the bank through the harness's own
 
 Which chunk: a turn is found in a prompt by its rendered text (`chunk_messages`, what the writer is
 shown), lower-cased with everything but letters and digits dropped, first `FINGERPRINT_CHARS`
-characters. mem0 and hy-memory show earlier chunks' turns too ("Last k Messages"), so the chunk being
+characters, as is or as a JSON string shows it (hy-memory lists the new messages as JSON). mem0 and hy-memory show earlier chunks' turns too ("Last k Messages"), so the chunk being
 written is the latest chunk of a sequence all of whose turns are in the prompt (a LongMemEval session
 shared by two sequences: the sequence with more whole chunks); its memories only are written, each once. A write prompt in which no chunk is whole gets no memories (counted in
 `counts["unmatched"]`): the gold bank then lacks them, and the count says so.
@@ -36,6 +36,7 @@ from data_pipeline.chunking import iso_date, render_turn
 from data_pipeline.schema import Chunk
 
 FINGERPRINT_CHARS = 64  # enough to tell two turns apart; earlier turns that a framework cuts keep their head
+UNMATCHED_KEPT, UNMATCHED_CHARS = 5, 600  # unmatched prompts kept for the run's record: how many, their tails
 MIN_FINGERPRINT_CHARS = 12  # a shorter turn ("Ok!") cannot identify a chunk; it is not required
 
 # framework -> markers of its write prompts, tested in this order (the first marker that occurs wins)
@@ -107,7 +108,7 @@ def has_gold(dataset) -> bool:
 @dataclass
 class _Chunk:
     key: tuple[str, int]
-    prints: list[str]  # fingerprints of the turns long enough to identify it
+    prints: list[tuple[str, ...]]  # per turn long enough to identify it: its fingerprints as shown
 
 
 @dataclass
@@ -117,6 +118,7 @@ class SourceGold:
 
     datasets: dict[str, object]
     counts: dict[str, int] = field(default_factory=dict)  # replies by kind, memories written, unmatched
+    unmatched: list[str] = field(default_factory=list)  # the first UNMATCHED_KEPT such prompts' heads
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.datasets) - set(FRAMEWORKS))
@@ -143,7 +145,7 @@ class SourceGold:
         text = fingerprint(prompt)
         by_seq: dict[str, list[_Chunk]] = {}
         for c in self._chunks[framework]:
-            if c.prints and all(p in text for p in c.prints):
+            if c.prints and all(any(p in text for p in alts) for alts in c.prints):
                 by_seq.setdefault(c.key[0], []).append(c)
         if not by_seq:
             return None
@@ -154,6 +156,9 @@ class SourceGold:
         key = self.chunk_of(framework, prompt)
         if key is None:
             self._count("unmatched")
+            with self._lock:
+                if len(self.unmatched) < UNMATCHED_KEPT:
+                    self.unmatched.append(f"{framework}: {prompt[-UNMATCHED_CHARS:]}")
             return []
         mems = self._gold[framework].get(key, [])
         self._count("memories", len(mems))
@@ -181,5 +186,12 @@ class SourceGold:
 
 
 def _index(c: Chunk) -> _Chunk:
-    prints = [fingerprint(turn_text(t))[:FINGERPRINT_CHARS] for t in c.turns]
-    return _Chunk((c.sequence_id, c.index), [p for p in prints if len(p) >= MIN_FINGERPRINT_CHARS])
+    prints = [_shown(turn_text(t)) for t in c.turns]
+    return _Chunk((c.sequence_id, c.index), [p for p in prints if len(p[0]) >= MIN_FINGERPRINT_CHARS])
+
+
+def _shown(text: str) -> tuple[str, ...]:
+    """A turn's fingerprints as a prompt may show it: as is, or inside a JSON string (hy-memory lists the
+    new messages as JSON, where a line break is "\\n" and "’" may be "\\u2019")."""
+    forms = (text, json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1])
+    return tuple(dict.fromkeys(fingerprint(f)[:FINGERPRINT_CHARS] for f in forms))

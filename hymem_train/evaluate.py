@@ -61,11 +61,14 @@ def writer_tokenizer(cfg: EvaluateConfig, model_cfg):
 
 
 @contextlib.contextmanager
-def serve_writer(cfg: EvaluateConfig, w: WriterConfig, gold_data: dict | None = None):
+def serve_writer(
+    cfg: EvaluateConfig, w: WriterConfig, gold_data: dict | None = None, gold_counts: dict | None = None
+):
     """(endpoint, served-call counter) for one writer; a checkpoint is served by the engine in frozen
     mode behind a gateway of this process for as long as its cell runs; so is the gold writer's scripted
-    engine (evaluation/bound.py, `gold_data`: framework -> the dataset its harnesses write); the empty
-    writer has no endpoint (nothing is written)."""
+    engine (evaluation/bound.py, `gold_data`: framework -> the dataset its harnesses write; its reply
+    record lands in `gold_counts[w.name]` as it stops); the empty writer has no endpoint (nothing is
+    written)."""
     if w.kind == "empty":
         yield None, None
         return
@@ -93,6 +96,8 @@ def serve_writer(cfg: EvaluateConfig, w: WriterConfig, gold_data: dict | None = 
             Endpoint(server.base_url, "EMPTY", WRITER_MODEL, timeout_s=w.timeout_s),
             lambda: c["requests_ok"] + c["bad_request"] + c["engine_error"],
         )
+    if w.kind == "gold" and gold_counts is not None:
+        gold_counts[w.name] = engine.reply.record()
 
 
 @contextlib.contextmanager
@@ -152,9 +157,10 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
             search = Endpoint(r.base_url, r.api_key, r.model, timeout_s=r.timeout_s)
         endpoints = Endpoints({}, embedder, search, cfg.protocol.reader, cfg.protocol.judge)
         matrix = MatrixRun(cfg, out, endpoints, parallel_builds=cfg.parallel_builds, progress=progress)
-        served_calls = {}
+        served_calls: dict[str, int | None] = {}
+        gold_counts: dict[str, dict] = {}
         for w in cfg.writers:
-            with serve_writer(cfg, w, gold_datasets(cfg, planned)) as (ep, served):
+            with serve_writer(cfg, w, gold_datasets(cfg, planned), gold_counts) as (ep, served):
                 endpoints.writers[w.name] = ep
                 if served is not None:
                     endpoints.served[w.name] = served
@@ -162,7 +168,7 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
                 served_calls[w.name] = served() if served else None
         plans = plan_matrix(cfg)
         records = matrix.all_records(plans)
-    record_endpoints(out, cfg, endpoints, matrix, served_calls)
+    record_endpoints(out, cfg, endpoints, matrix, served_calls, gold_counts)
     times = record_build_times(out, matrix.build_times)
     harnesses = list(cfg.harnesses)
     table = build_table(
@@ -173,7 +179,7 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
         resamples=cfg.bootstrap_resamples,
         seed=cfg.seed,
     )
-    header = table_header(cfg, plans)
+    header = table_header(cfg, plans, gold_counts)
     table.notes += [f"bank builds, {h}: {v}" for h, v in times.items()]
     md = write_outputs(out, table, records, header, {"stats": dict(matrix.stats), "build_seconds": times})
     bank_md = write_bank_metrics(matrix, plans)  # ledger data in the native harness only
@@ -200,13 +206,22 @@ def reader_preflight(cfg: EvaluateConfig, run_dir: Path, datasets: dict[str, Any
     )
 
 
-def table_header(cfg: EvaluateConfig, plans) -> list[str]:
+def table_header(cfg: EvaluateConfig, plans, gold_counts: dict | None = None) -> list[str]:
     p = cfg.protocol
     lines = [
         f"- command: `{' '.join(sys.argv)}`" if sys.argv and sys.argv[0] else "- command: (library call)"
     ]
     for w in cfg.writers:
         lines.append(f"- writer **{w.name}**: " + writer_label(w))
+        counts = (gold_counts or {}).get(w.name, {}).get("counts")
+        if counts:  # real data: a prompt with no whole chunk leaves that chunk's memories out of the bank
+            lines.append(
+                f"  - its replies: {counts.get('memories', 0)} gold memories written; "
+                f"{counts.get('unmatched', 0)} write prompt(s) matched no chunk (their memories are missing); "
+                + ", ".join(
+                    f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("memories", "unmatched")
+                )
+            )
     judged = p.judge_mode == "protocol" and bool(p.judge.base_url)
     lines.append(
         f"- reader: model `{p.reader.model}` at {p.reader.base_url}; judge mode `{p.judge_mode}`"
@@ -242,9 +257,13 @@ def writer_label(w: WriterConfig) -> str:
     return f"checkpoint `{w.checkpoint}`" if w.checkpoint else f"endpoint {w.base_url} model `{w.model}`"
 
 
-def record_endpoints(out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: MatrixRun, served: dict) -> None:
-    """Which endpoint served which call kind (the run refuses a writer that served anything else)."""
+def record_endpoints(
+    out: Path, cfg: EvaluateConfig, ep: Endpoints, matrix: MatrixRun, served: dict, gold_counts: dict
+) -> None:
+    """Which endpoint served which call kind (the run refuses a writer that served anything else), and the
+    gold writer's reply counts (evaluation/bound.py)."""
     rec = {
+        "gold_replies": gold_counts,
         "write": {
             w: {"base_url": e.base_url, "model": e.model, "served_requests": served.get(w)} if e else None
             for w, e in ep.writers.items()

@@ -6,7 +6,8 @@ The extractive reader (reward/instrument.py) knows the ledger world's record gra
 conversation's memories do not follow, and the tiny teacher answers from the question's wording. On
 real data this reader is what lets the bound rows (store nothing, gold bank) differ for the bank's
 reason alone: it answers from the records the harness retrieved, so an empty bank answers
-"no such record" and scores 0 whatever the question, and a bank holding the answer's words can score.
+"no such record" to every question (scored about 0: token F1 credits its "no" against a reference such
+as "Likely no"), and a bank holding the answer's words can score.
 It is not the report's reader: a table scored with it measures whether the bank holds and retrieves
 the answer's words, and says so in its header.
 

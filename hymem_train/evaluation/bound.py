@@ -26,6 +26,12 @@ class GoldReply:
         self.source = SourceGold({fw: d for fw, d in datasets.items() if fw not in ledger})
         self._ledger_frameworks = ledger
 
+    def record(self) -> dict:
+        """Real-data replies by prompt kind, memories written, and write prompts in which no chunk was
+        whole ("unmatched": those chunks' memories are missing from the gold bank, the first few such
+        prompts' tails beside them)."""
+        return {"counts": dict(self.source.counts), "unmatched_prompts": list(self.source.unmatched)}
+
     def __call__(self, prompt: str) -> str:
         if self.ledger is not None and prompt_kind(prompt) in self._ledger_frameworks:
             return self.ledger(prompt)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from data_pipeline.chunking import iso_date
-from data_pipeline.source_gold import SourceGold, gold_memories, prompt_kind
+from data_pipeline.source_gold import SourceGold, gold_memories, prompt_kind, turn_text
 from data_pipeline.store import BuiltDataset
 from harnesses.base import Endpoint, WriteStatus
 from harnesses.native import NativeConfig
@@ -64,6 +64,21 @@ def test_only_the_chunk_being_written_is_answered(locomo_sample):
         prompt_kind("Summarise this.")
     with pytest.raises(ValueError, match="no write path for"):
         SourceGold({"memoryos": ds})
+
+
+def test_a_turn_shown_as_json_is_found(locomo_sample):
+    """hy-memory lists the new messages as JSON: a line break inside a turn's head is "\\n" there, and
+    the chunk must still be found (it was not: the first chunk of two LongMemEval haystacks)."""
+    ds = BuiltDataset(locomo_sample / "hy_memory")
+    c = next(
+        c
+        for c in ds.tables["chunks"]
+        if any("\n" in turn_text(t)[:60] for t in c.turns) and gold_memories(ds).get((c.sequence_id, c.index))
+    )
+    g = SourceGold({"hy_memory": ds})
+    prompt = "Extract durable, high-value memories\n## New Messages\n" + json.dumps(chunk_messages(c))
+    assert g.chunk_of("hy_memory", prompt) == (c.sequence_id, c.index)
+    assert g.memories("hy_memory", prompt) == gold_memories(ds)[(c.sequence_id, c.index)]
 
 
 @pytest.mark.parametrize("framework", ["native", "mem0", "hy_memory"])

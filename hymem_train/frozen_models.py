@@ -60,9 +60,8 @@ def start_frozen_models(stage: Stage, cfg: RlConfig) -> tuple[list[Any], RewardC
                     export_dir=stage.run_dir / f"{role}_hf",
                 )
                 write_placement(stage, stage.run_dir, **{role: srv.infos, f"{role}_gateway": srv.base_url})
-            elif (
-                local and role == "reader" and cfg.reader_kind != "model"
-            ):  # an instrument: reader_model unused
+            # an instrument reader (no model): reader_model unused
+            elif local and role == "reader" and cfg.reader_kind != "model":
                 srv = start_instrument_server(
                     stage.tokenizer,
                     served_model_name=client.model,

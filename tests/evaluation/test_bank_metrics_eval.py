@@ -4,7 +4,9 @@ bank none, and a writer that stores small talk loses false-memory resistance (ba
 The reader is the extractive instrument served as a stand-in endpoint (no model)."""
 
 import json
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +17,7 @@ from harnesses.registry import HarnessConfig
 from hymem_train.config import compose, to_typed
 from hymem_train.evaluate import evaluate
 from hymem_train.evaluation.config import MatrixConfig, WriterConfig
-from hymem_train.evaluation.matrix import plan_matrix
+from hymem_train.evaluation.matrix import HarnessPlan, check_bound_writers, plan_matrix
 from hymem_train.run_config import EvaluateConfig
 from reward.instrument import extractive_answer, parse_reader_prompt
 from tests.doubles.openai_server import StandInServer
@@ -148,6 +150,22 @@ def test_bound_writer_validation(ledger, tmp_path):
     cfg = MatrixConfig(writers=gold, harnesses={"native": native}, subsample="all")
     cfg.data.path = str(ledger)
     assert plan_matrix(cfg)
+
+
+def test_gold_writer_refuses_data_without_gold_and_two_datasets_in_one_framework(ledger, tmp_path):
+    """The gold writer finds a chunk by prompt alone: real data with nothing to write is refused, and so is
+    a framework whose harnesses write two datasets (their prompts could not be told apart)."""
+    gold = [WriterConfig(name="g", kind="gold")]
+    native = HarnessConfig(framework="native", in_process=True)
+    cfg = MatrixConfig(writers=gold, harnesses={"a": native, "b": native})
+    empty = SimpleNamespace(root=tmp_path / "empty", tables={"sequences": [], "chunks": [], "facts": []})
+    with pytest.raises(ValueError, match=r"a: .*empty has no gold memories"):
+        check_bound_writers(cfg, [HarnessPlan("a", empty, {}, [])])
+    ds = BuiltDataset(ledger)
+    check_bound_writers(cfg, [HarnessPlan("a", ds, {}, []), HarnessPlan("b", ds, {}, [])])
+    other = BuiltDataset(shutil.copytree(ledger, tmp_path / "copy"))
+    with pytest.raises(ValueError, match=r"harnesses of one framework write different datasets \{'native'"):
+        check_bound_writers(cfg, [HarnessPlan("a", ds, {}, []), HarnessPlan("b", other, {}, [])])
 
 
 def test_gold_engine_never_cuts_a_reply(ledger):

@@ -159,8 +159,9 @@ def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
         matrix = MatrixRun(cfg, out, endpoints, parallel_builds=cfg.parallel_builds, progress=progress)
         served_calls: dict[str, int | None] = {}
         gold_counts: dict[str, dict] = {}
+        gold_data = gold_datasets(cfg, planned)
         for w in cfg.writers:
-            with serve_writer(cfg, w, gold_datasets(cfg, planned), gold_counts) as (ep, served):
+            with serve_writer(cfg, w, gold_data, gold_counts) as (ep, served):
                 endpoints.writers[w.name] = ep
                 if served is not None:
                     endpoints.served[w.name] = served

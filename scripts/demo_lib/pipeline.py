@@ -4,8 +4,9 @@ Demo code, not part of the hymem_train package: each stage runs as its real entr
 (`python -m hymem_train.sft / .opd / .rl / .evaluate`) in a subprocess; this module orchestrates and reports.
 
 ledger-world data (train, OPD/RL prompts, held-out) -> the flawed teacher's demonstrations through the
-real native harness -> copy-episode pretraining of both tiny models -> SFT of the teacher (all the
-demonstrations) and a short SFT of the student -> OPD of the student from the teacher -> RL of the
+real native harness -> copy-episode pretraining of the tiny model -> SFT on the demonstrations with the
+copy corpus mixed in, whose checkpoint after two of its three epochs is the student and whose end is the
+teacher -> OPD of the student from the teacher -> RL of the
 student (reader = the extractive instrument, exact match per gold fact) -> the writer-swap table and the
 bank metrics on held-out sequences (bound rows, the three students, the teacher) -> report.md with the
 paired differences the recipe predicts (docs/testbed.md).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import time
@@ -155,7 +157,7 @@ def run_demo(
     pretrain_documents: int = 4000,
     teacher_epochs: int = 3,
     teacher_pretrain_mix: int = 2000,
-    student_pretrain_steps: int = 150,
+    student_epochs: int = 2,
     data_seed: int = 0,
     run_seed: int = 0,
     extra: dict[str, list[str]] | None = None,
@@ -163,6 +165,10 @@ def run_demo(
     """The whole tiny pipeline; each stage is the real entry point in its own process. `data_seed` draws
     the data (and the pretraining corpus), `run_seed` every training run's seeds: a seed pair."""
     extra = extra or {}
+    if not 1 <= student_epochs < teacher_epochs:
+        raise ValueError(
+            f"student_epochs={student_epochs}: want 1 <= student_epochs < teacher_epochs={teacher_epochs}"
+        )
     root = Path(root)
     t0 = time.perf_counter()
     timings = {}
@@ -209,65 +215,53 @@ def run_demo(
         f"trainer.seed={run_seed}",
         f"model.seed={run_seed}",
     ]
-    print("[3/8] pretraining stand-in: teacher and student (python -m hymem_train.sft, plain LM)", flush=True)
+    print("[3/8] pretraining stand-in (python -m hymem_train.sft, plain LM)", flush=True)
     t = time.perf_counter()
-    # one epoch of copy episodes stands in for the report's pretrained LLMs; the student gets fewer steps
-    for name, model, steps in (
-        ("teacher", "tiny_teacher", 0),
-        ("student", "tiny_student", student_pretrain_steps),
-    ):
-        _run(
-            [
-                "-m",
-                "hymem_train.sft",
-                f"model={model}",
-                f"data_path={root}/pretrain/data.jsonl",
-                f"out_dir={root}/pretrain_{name}",
-                "num_epochs=1",
-                "trainer.lr=2e-3",
-                f"max_steps={steps}",
-                *sft,
-                *extra.get(f"pretrain_{name}", []),
-            ],
-            root / "logs" / f"pretrain_{name}.log",
-        )
+    # one epoch of copy episodes stands in for the report's pretrained LLM
+    _run(
+        [
+            "-m",
+            "hymem_train.sft",
+            "model=tiny_teacher",
+            f"data_path={root}/pretrain/data.jsonl",
+            f"out_dir={root}/pretrain_teacher",
+            "num_epochs=1",
+            "trainer.lr=2e-3",
+            *sft,
+            *extra.get("pretrain", []),
+        ],
+        root / "logs" / "pretrain_teacher.log",
+    )
     timings["pretrain"] = time.perf_counter() - t
 
     print(
-        "[4/8] SFT: the teacher (3 epochs, copy corpus mixed in), the student (1 epoch) (python -m hymem_train.sft)",
+        f"[4/8] SFT, copy corpus mixed in (python -m hymem_train.sft): {student_epochs} epochs -> the student, "
+        f"resumed to {teacher_epochs} -> the teacher",
         flush=True,
     )
     t = time.perf_counter()
+    # The student is this run stopped early: its copying is partly formed (recall 0.34 against the
+    # teacher's 0.55), which OPD can move; students without it did not move (docs/testbed.md).
+    teacher_sft = [
+        "-m",
+        "hymem_train.sft",
+        f"model.path={root}/pretrain_teacher/final",
+        f"data_path={root}/sft/teacher.jsonl",
+        "trainer.lr=1e-3",
+        *sft,
+        *extra.get("sft", []),
+    ]
     _run(
-        [
-            "-m",
-            "hymem_train.sft",
-            f"model.path={root}/pretrain_teacher/final",
-            f"data_path={root}/sft/teacher.jsonl",
-            f"out_dir={root}/sft",
-            f"num_epochs={teacher_epochs}",
-            "trainer.lr=1e-3",
-            *sft,
-            *extra.get("sft", []),
-        ],
-        root / "logs" / "sft_teacher.log",
-    )
-    # the student sees the demonstrations once, without the copy corpus: well-formed writes with mostly
-    # wrong values, a weak start that leaves OPD room to move it (docs/testbed.md)
-    _run(
-        [
-            "-m",
-            "hymem_train.sft",
-            "model=tiny_student",
-            f"model.path={root}/pretrain_student/final",
-            f"data_path={root}/sft/demos.jsonl",
-            f"out_dir={root}/student_init",
-            "num_epochs=1",
-            "trainer.lr=1e-3",
-            *sft,
-            *extra.get("student", []),
-        ],
+        [*teacher_sft, f"out_dir={root}/student_init", f"num_epochs={student_epochs}"],
         root / "logs" / "sft_student.log",
+    )
+    # the teacher resumes the student's last checkpoint: each epoch's own shuffle and the constant lr
+    # make it the same run as one uninterrupted SFT of teacher_epochs (its losses match step for step)
+    if not (root / "sft" / "checkpoints").exists():
+        shutil.copytree(root / "student_init" / "checkpoints", root / "sft" / "checkpoints")
+    _run(
+        [*teacher_sft, f"out_dir={root}/sft", f"num_epochs={teacher_epochs}"],
+        root / "logs" / "sft_teacher.log",
     )
     timings["sft"] = time.perf_counter() - t
 
@@ -336,6 +330,7 @@ def run_demo(
     print("[8/8] report", flush=True)
     timings["total"] = time.perf_counter() - t0
     counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
+    counts["student_epochs"], counts["teacher_epochs"] = student_epochs, teacher_epochs
     counts["prompt_sequences"], counts["data_seed"], counts["run_seed"] = (
         num_prompt_sequences,
         data_seed,
@@ -368,16 +363,31 @@ def growth_overrides(opd_dir: Path, harness: str = "native") -> tuple[list[str],
 
 
 # The differences the recipe predicts, registered before the runs (docs/testbed.md): (a, b, bank metric,
-# why). Each holds when the paired 95% interval of a - b over held-out sequences lies above 0.
+# rule, why). Over held-out sequences, a - b's paired 95% interval lies above 0 ("> 0"), or does not lie
+# below it (">= 0": no loss shown).
 PREDICTIONS = (
-    ("opd", "sft", "memory_recall", "OPD moves the student toward the teacher, which stores more gold facts"),
+    (
+        "opd",
+        "sft",
+        "memory_recall",
+        "> 0",
+        "OPD moves the student toward the teacher, which stores more gold facts",
+    ),
     (
         "rl",
         "opd",
         "false_memory_resistance",
+        "> 0",
         "the trap probes penalise the small talk the teacher taught to store",
     ),
-    ("rl", "opd", "history_kept", "the ORM history questions reward the states the teacher overwrote"),
+    ("rl", "opd", "history_kept", "> 0", "the ORM history questions reward the states the teacher overwrote"),
+    (
+        "rl",
+        "opd",
+        "memory_recall",
+        ">= 0",
+        "the probes reward the gold facts RL must keep while refusing small talk",
+    ),
 )
 
 
@@ -427,14 +437,15 @@ def paired_checks(bank_json: Path) -> list[dict]:
     doc = json.loads(bank_json.read_text())["harnesses"]["native"] if bank_json.exists() else {}
     diffs = {(d["a"], d["b"], d["metric"]): d for d in doc.get("differences", [])}
     out = []
-    for a, b, metric, why in PREDICTIONS:
+    for a, b, metric, rule, why in PREDICTIONS:
         d = diffs.get((a, b, metric))
-        ok = d is not None and d["lo"] is not None and d["lo"] > 0
+        ok = d is not None and d["lo"] is not None and (d["lo"] > 0 if rule == "> 0" else d["hi"] >= 0)
         out.append(
             {
                 "a": a,
                 "b": b,
                 "metric": metric,
+                "rule": rule,
                 "why": why,
                 "held": ok,
                 **(
@@ -510,7 +521,8 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         f"{counts.get('pretrain_tokens', 0)} tokens; probes leaked from an empty bank: "
         + ", ".join(f"{k} {v:.1%}" for k, v in counts.get("leaked", {}).items()),
         "",
-        "## OPD (student: 3 layers, hidden 96 <- teacher: 4 layers, hidden 128)",
+        f"## OPD (student: the SFT after {counts.get('student_epochs', '?')} of its "
+        f"{counts.get('teacher_epochs', '?')} epochs <- teacher: its end; both 4 layers, hidden 128)",
         "- held-out reverse KL(student || teacher), full vocab, at the student's sampled positions: "
         + (f"{kl[0]:.3f} (step 0) -> {kl[1]:.3f} (last step)" if kl else "n/a"),
         "- training top-50 reverse KL: "
@@ -537,10 +549,10 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         ),
         "",
         "## Predicted differences (paired over held-out sequences, 95% bootstrap interval)",
-        "| a - b | bank metric | difference | held | why predicted |",
-        "|---|---|---|---|---|",
+        "| a - b | bank metric | predicted | difference | held | why predicted |",
+        "|---|---|---|---|---|---|",
         *(
-            f"| {c['a']} - {c['b']} | {c['metric']} | "
+            f"| {c['a']} - {c['b']} | {c['metric']} | {c['rule']} | "
             + (f"{c['value']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]" if c["value"] is not None else "n/a")
             + f" | {'yes' if c['held'] else 'no'} | {c['why']} |"
             for c in checks

@@ -78,6 +78,11 @@ def test_predictions_read_the_paired_bank_differences(tmp_path):
     assert got[("opd", "memory_recall")]["held"] and got[("opd", "memory_recall")]["lo"] == 0.1
     assert not got[("rl", "false_memory_resistance")]["held"]  # its interval covers 0
     assert not got[("rl", "history_kept")]["held"] and got[("rl", "history_kept")]["value"] is None
+    # ">= 0" (no loss shown): an interval covering 0 holds, one below 0 does not
+    for lo, hi, held in ((-0.05, 0.01, True), (-0.09, -0.01, False)):
+        d = {"a": "rl", "b": "opd", "metric": "memory_recall", "value": (lo + hi) / 2, "lo": lo, "hi": hi}
+        p.write_text(json.dumps({"harnesses": {"native": {"differences": [*diffs, d]}}}))
+        assert {(c["a"], c["metric"]): c for c in paired_checks(p)}[("rl", "memory_recall")]["held"] is held
     # the same differences, split by operation class for OPD - SFT and RL - OPD
     rows = {
         r.split("|")[2].strip(): r
@@ -130,7 +135,7 @@ def test_report_reads_first_and_last_values(tmp_path):
     assert (
         "flaw_store_small_talk 3" in text
         and "eval 0.0%" in text
-        and "| opd - sft | memory_recall | n/a | no |" in text
+        and "| opd - sft | memory_recall | > 0 | n/a | no |" in text
     )
     # the gates: step 0's held-out score (0.30, in range), step 1's zero-advantage share (0.5, the
     # bound: met), and no evaluation, so no teacher recall (not met)

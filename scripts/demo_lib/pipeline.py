@@ -18,6 +18,7 @@ to go beyond it. Gold facts reach only the demonstrator, never a bank the policy
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -458,8 +459,23 @@ def paired_checks(bank_json: Path) -> list[dict]:
 
 # the testbed's gates: the teacher must be able to do the task, and RL must start with signal
 TEACHER_RECALL_GATE = 0.6  # gold facts stored value-exact by the teacher, held out
-PASS1_RANGE = (0.2, 0.7)  # the OPD student's held-out mean chunk score at RL step 0
+PASS1_RANGE = (0.2, 0.7)  # the OPD student's held-out mean chunk score at RL step 0, over its maximum
 ZERO_ADV_MAX = 0.5  # share of scored cells with no GRPO signal at RL step 1
+
+
+def score_maximum(rl_config: Path) -> float:
+    """w_prm + w_orm of the RL run's scoring (ScoringConfig's defaults when the run left no config)."""
+    import yaml
+
+    from reward.scoring import ScoringConfig
+
+    d = {f.name: f.default for f in dataclasses.fields(ScoringConfig)}
+    sc = (
+        (yaml.safe_load(rl_config.read_text()) or {}).get("reward", {}).get("scoring", {})
+        if rl_config.exists()
+        else {}
+    )
+    return float(sc.get("w_prm", d["w_prm"])) + float(sc.get("w_orm", d["w_orm"]))
 
 
 def gates(root: Path, rl: list[dict]) -> list[dict]:
@@ -468,6 +484,10 @@ def gates(root: Path, rl: list[dict]) -> list[dict]:
     writers = json.loads(bank.read_text())["harnesses"]["native"]["writers"] if bank.exists() else {}
     recall = writers.get("teacher", {}).get("memory_recall", {}).get("value")
     s0 = next((r["eval/s"] for r in rl if r.get("step") == 0 and "eval/s" in r), None)
+    # s[t] = w_prm prm + w_orm orm - w_pen pen, with prm and orm in [0, 1]: a pass rate is s over its
+    # maximum, so the range stays a rate once the ORM term scores (raw s was 1.56 at step 0 on seed 0)
+    top = score_maximum(root / "rl" / "config.yaml")
+    s0 = None if s0 is None else s0 / top
     z1 = next((r["reward/zero_advantage_share"] for r in rl if "reward/zero_advantage_share" in r), None)
     lo, hi = PASS1_RANGE
     return [
@@ -477,7 +497,7 @@ def gates(root: Path, rl: list[dict]) -> list[dict]:
             "met": recall is not None and recall >= TEACHER_RECALL_GATE,
         },
         {
-            "gate": f"OPD student's held-out chunk score at RL step 0 in [{lo}, {hi}]",
+            "gate": f"OPD student's held-out chunk score at RL step 0 / its maximum {top:g} in [{lo}, {hi}]",
             "value": s0,
             "met": s0 is not None and lo <= s0 <= hi,
         },

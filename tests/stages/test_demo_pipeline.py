@@ -103,7 +103,7 @@ def test_report_reads_first_and_last_values(tmp_path):
             {"step": 2, "eval/reverse_kl": 0.5, "distill/reverse_kl_topk": 0.4},
         ],
         "rl": [
-            {"step": 0, "eval/s": 0.30, "eval/prm": 0.30, "eval/pen": 0.02},
+            {"step": 0, "eval/s": 0.90, "eval/prm": 0.30, "eval/pen": 0.02},
             {"step": 1, "reward/s": 0.2, "reward/zero_advantage_share": 0.5},
             {
                 "step": 2,
@@ -127,9 +127,9 @@ def test_report_reads_first_and_last_values(tmp_path):
         "leaked": {"eval": 0.0},
     }
     out = write_report(tmp_path, counts, {"total": 1.0})
-    assert out["kl"] == (0.8, 0.5) and out["reward"] == (0.30, 0.36) and out["prm"] == (0.30, 0.35)
+    assert out["kl"] == (0.8, 0.5) and out["reward"] == (0.90, 0.36) and out["prm"] == (0.30, 0.35)
     text = (tmp_path / "report.md").read_text()
-    assert "0.800 (step 0) -> 0.500" in text and "0.300 (step 0) -> 0.360" in text
+    assert "0.800 (step 0) -> 0.500" in text and "0.900 (step 0) -> 0.360" in text
     assert "mean over steps: 0.40" in text and (tmp_path / "report.png").stat().st_size > 0
     assert out["pen"] == (0.02, 0.01) and "pen[t]: 0.020 -> 0.010" in text
     assert (
@@ -137,9 +137,16 @@ def test_report_reads_first_and_last_values(tmp_path):
         and "eval 0.0%" in text
         and "| opd - sft | memory_recall | > 0 | n/a | no |" in text
     )
-    # the gates: step 0's held-out score (0.30, in range), step 1's zero-advantage share (0.5, the
-    # bound: met), and no evaluation, so no teacher recall (not met)
+    # the gates: step 0's held-out score over its maximum (0.90 / (1 + 2) = 0.30, in range), step 1's
+    # zero-advantage share (0.5, the bound: met), and no evaluation, so no teacher recall (not met)
     assert [(g["value"], g["met"]) for g in out["gates"]] == [(None, False), (0.30, True), (0.5, True)]
+    # the maximum is the RL run's own w_prm + w_orm: with w_orm 0 the same 0.90 is a rate above 0.7
+    (tmp_path / "rl" / "config.yaml").write_text("reward:\n  scoring:\n    w_prm: 1.0\n    w_orm: 0.0\n")
+    assert [(g["value"], g["met"]) for g in write_report(tmp_path, counts, {"total": 1.0})["gates"]][1] == (
+        0.9,
+        False,
+    )
+    (tmp_path / "rl" / "config.yaml").unlink()
     assert "teacher's held-out memory recall >= 0.6: n/a (NOT met)" in text
     (tmp_path / "swap" / "eval").mkdir(parents=True)
     writers = {"teacher": {"memory_recall": {"value": 0.59, "lo": 0.5, "hi": 0.7}}}

@@ -6,6 +6,8 @@ checks its predictions against the paired bank-metric differences."""
 import json
 import random
 
+import pytest
+
 from data_pipeline.ledger import gold_records, parse_record
 from data_pipeline.store import BuiltDataset
 from hymem_train.models.tokenizer import default_tokenizer
@@ -20,6 +22,7 @@ from scripts.demo_lib.pipeline import (
     gain_decomposition,
     growth_overrides,
     paired_checks,
+    run_demo,
     teacher_demonstrations,
     write_report,
 )
@@ -184,3 +187,14 @@ def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
     assert set(kv) == {"lower", "upper", "floor_tokens"} and 8 <= int(kv["floor_tokens"]) <= 24
     assert 1.0 <= float(kv["lower"]) < float(kv["upper"]) and "from 90 OPD writes" in line
     assert (tmp_path / "growth_bounds.yaml").read_text().count("native:") == 1
+
+
+def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path):
+    """The student is the teacher's SFT stopped early: an epoch count that is not earlier is refused
+    before any stage runs."""
+    for k in (0, 3, 4):
+        with pytest.raises(
+            ValueError, match=f"student_epochs={k}: want 1 <= student_epochs < teacher_epochs=3"
+        ):
+            run_demo(tmp_path, student_epochs=k, teacher_epochs=3)
+    assert not any(tmp_path.iterdir())  # nothing was built

@@ -85,8 +85,9 @@ def _run_sft(tmp_path: Path, *over: str) -> subprocess.CompletedProcess:
         "-m",
         "hymem_train.sft",
         f"data_path={tmp_path / 'd.jsonl'}",
-        f"out_dir={tmp_path / 'run'}",
     ]
+    if not any(o.startswith("out_dir=") for o in over):
+        cmd.append(f"out_dir={tmp_path / 'run'}")
     cmd += ["model=tiny", "num_segments_per_step=8", "trainer.lr=3e-3", *over]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -121,3 +122,23 @@ def test_sft_entry_point_trains_resumes_and_exports(tmp_path):
     init = build_model(make_config("tiny"), seed=0)
     diff = max((a - b).abs().max().item() for a, b in zip(m.parameters(), init.parameters(), strict=True))
     assert diff > 1e-4 and torch.isfinite(torch.tensor(diff))
+
+
+def test_sft_stopped_early_then_resumed_is_the_uninterrupted_run(tmp_path):
+    """The demo's student is an SFT run stopped after fewer epochs, and its teacher is that run resumed
+    from the student's checkpoint: the resumed steps must be the uninterrupted run's, loss for loss."""
+    import shutil
+
+    _write_data(tmp_path / "d.jsonl", n=24)
+
+    def sft(out: str, epochs: int) -> list[float]:
+        _run_sft(tmp_path, f"out_dir={tmp_path / out}", f"num_epochs={epochs}")
+        rows = [json.loads(x) for x in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
+        return [r["train/loss"] for r in rows]
+
+    whole = sft("whole", 2)  # 3 steps per epoch
+    early = sft("early", 1)
+    shutil.copytree(tmp_path / "early" / "checkpoints", tmp_path / "late" / "checkpoints")
+    late = sft("late", 2)  # resumes at the early run's cursor
+    assert len(whole) == 6 and len(early) == 3 and len(late) == 3
+    assert early == pytest.approx(whole[:3], rel=1e-6) and late == pytest.approx(whole[3:], rel=1e-6)

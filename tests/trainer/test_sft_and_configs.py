@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -127,8 +128,6 @@ def test_sft_entry_point_trains_resumes_and_exports(tmp_path):
 def test_sft_stopped_early_then_resumed_is_the_uninterrupted_run(tmp_path):
     """The demo's student is an SFT run stopped after fewer epochs, and its teacher is that run resumed
     from the student's checkpoint: the resumed steps must be the uninterrupted run's, loss for loss."""
-    import shutil
-
     _write_data(tmp_path / "d.jsonl", n=24)
 
     def sft(out: str, epochs: int) -> list[float]:

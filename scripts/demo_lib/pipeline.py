@@ -5,7 +5,7 @@ Demo code, not part of the hymem_train package: each stage runs as its real entr
 
 ledger-world data (train, OPD/RL prompts, held-out) -> the flawed teacher's demonstrations through the
 real native harness -> copy-episode pretraining of the tiny model -> SFT on the demonstrations with the
-copy corpus mixed in, whose checkpoint after two of its three epochs is the student and whose end is the
+copy corpus mixed in, whose checkpoint after two of its four epochs is the student and whose end is the
 teacher -> OPD of the student from the teacher -> RL of the
 student (reader = the extractive instrument, exact match per gold fact) -> the writer-swap table and the
 bank metrics on held-out sequences (bound rows, the three students, the teacher) -> report.md with the
@@ -139,13 +139,24 @@ def first_last(rows: list[dict], key: str) -> tuple[float, float] | None:
     return (vals[0], vals[-1]) if vals else None
 
 
-def _run(args: list[str], log_path: Path) -> None:
+def _start(args: list[str], log_path: Path) -> tuple[subprocess.Popen, list[str], Path]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as f:
-        r = subprocess.run([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
+        proc = subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT)
+    return proc, args, log_path
+
+
+def _wait(started: tuple[subprocess.Popen, list[str], Path]) -> None:
+    proc, args, log_path = started
+    if proc.wait() != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
-        raise RuntimeError(f"`python {' '.join(args)}` failed (exit {r.returncode}); see {log_path}:\n{tail}")
+        raise RuntimeError(
+            f"`python {' '.join(args)}` failed (exit {proc.returncode}); see {log_path}:\n{tail}"
+        )
+
+
+def _run(args: list[str], log_path: Path) -> None:
+    _wait(_start(args, log_path))
 
 
 def run_demo(
@@ -156,7 +167,7 @@ def run_demo(
     num_eval_sequences: int = 24,
     num_chunks: int = 6,
     pretrain_documents: int = 4000,
-    teacher_epochs: int = 3,
+    teacher_epochs: int = 4,
     teacher_pretrain_mix: int = 2000,
     student_epochs: int = 2,
     data_seed: int = 0,
@@ -185,30 +196,6 @@ def run_demo(
     )
     timings["data"] = time.perf_counter() - t0
 
-    print("[2/8] the flawed teacher's demonstrations through the native harness; probe leakage", flush=True)
-    t = time.perf_counter()
-    counts = teacher_demonstrations(train, root / "sft" / "demos.jsonl", demo_harness(), TEACHER_FLAWS)
-    print(f"      {counts['writer_segments']} writer segments", flush=True)
-    # probes the reader answers from an empty bank measure nothing about the writer (reward/leakage.py)
-    _run(
-        ["-m", "reward.leakage", str(prompts), str(held), "--reader", "extractive"],
-        root / "logs" / "leakage.log",
-    )
-    counts["leaked"] = {
-        name: json.loads((p / "leakage.json").read_text())["leaked_share"]
-        for name, p in (("prompts", prompts), ("eval", held))
-    }
-    counts["pretrain_tokens"] = pretraining_data(
-        root / "pretrain" / "data.jsonl", pretrain_documents, seed=data_seed
-    )
-    counts["pretrain_documents"] = pretrain_documents
-    # the teacher's SFT keeps part of the copy corpus in its mix: without it, SFT on the harness's format
-    # unlearnt the copying the pretraining had taught (docs/testbed.md, "Why the recipe looks like this")
-    demos = (root / "sft" / "demos.jsonl").read_text().splitlines()
-    pre = (root / "pretrain" / "data.jsonl").read_text().splitlines()
-    (root / "sft" / "teacher.jsonl").write_text("\n".join(demos + pre[:teacher_pretrain_mix]) + "\n")
-    timings["demonstrations"] = time.perf_counter() - t
-
     sft = [
         "num_segments_per_step=16",
         "trainer.gradient_checkpointing=false",
@@ -216,10 +203,17 @@ def run_demo(
         f"trainer.seed={run_seed}",
         f"model.seed={run_seed}",
     ]
-    print("[3/8] pretraining stand-in (python -m hymem_train.sft, plain LM)", flush=True)
-    t = time.perf_counter()
-    # one epoch of copy episodes stands in for the report's pretrained LLM
-    _run(
+    print("[2/8] pretraining stand-in (python -m hymem_train.sft, plain LM), in the background", flush=True)
+    t_pre = time.perf_counter()
+    counts = {
+        "pretrain_tokens": pretraining_data(
+            root / "pretrain" / "data.jsonl", pretrain_documents, seed=data_seed
+        ),
+        "pretrain_documents": pretrain_documents,
+    }
+    # one epoch of copy episodes stands in for the report's pretrained LLM. It needs nothing from the
+    # demonstrations, so it trains while they are written (one process each; the result is the same).
+    pretraining = _start(
         [
             "-m",
             "hymem_train.sft",
@@ -233,7 +227,34 @@ def run_demo(
         ],
         root / "logs" / "pretrain_teacher.log",
     )
-    timings["pretrain"] = time.perf_counter() - t
+
+    print("[3/8] the flawed teacher's demonstrations through the native harness; probe leakage", flush=True)
+    t = time.perf_counter()
+    try:
+        counts.update(
+            teacher_demonstrations(train, root / "sft" / "demos.jsonl", demo_harness(), TEACHER_FLAWS)
+        )
+        print(f"      {counts['writer_segments']} writer segments", flush=True)
+        # probes the reader answers from an empty bank measure nothing about the writer (reward/leakage.py)
+        _run(
+            ["-m", "reward.leakage", str(prompts), str(held), "--reader", "extractive"],
+            root / "logs" / "leakage.log",
+        )
+    except BaseException:
+        pretraining[0].kill()
+        raise
+    counts["leaked"] = {
+        name: json.loads((p / "leakage.json").read_text())["leaked_share"]
+        for name, p in (("prompts", prompts), ("eval", held))
+    }
+    # the teacher's SFT keeps part of the copy corpus in its mix: without it, SFT on the harness's format
+    # unlearnt the copying the pretraining had taught (docs/testbed.md, "Why the recipe looks like this")
+    demos = (root / "sft" / "demos.jsonl").read_text().splitlines()
+    pre = (root / "pretrain" / "data.jsonl").read_text().splitlines()
+    (root / "sft" / "teacher.jsonl").write_text("\n".join(demos + pre[:teacher_pretrain_mix]) + "\n")
+    timings["demonstrations"] = time.perf_counter() - t
+    _wait(pretraining)
+    timings["pretrain"] = time.perf_counter() - t_pre  # overlaps the demonstrations
 
     print(
         f"[4/8] SFT, copy corpus mixed in (python -m hymem_train.sft): {student_epochs} epochs -> the student, "
@@ -242,7 +263,7 @@ def run_demo(
     )
     t = time.perf_counter()
     # The student is this run stopped early: its copying is partly formed (recall 0.34 against the
-    # teacher's 0.55), which OPD can move; students without it did not move (docs/testbed.md).
+    # four-epoch teacher's 0.73), which OPD can move; students without it did not move (docs/testbed.md).
     teacher_sft = [
         "-m",
         "hymem_train.sft",

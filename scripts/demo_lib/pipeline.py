@@ -139,24 +139,13 @@ def first_last(rows: list[dict], key: str) -> tuple[float, float] | None:
     return (vals[0], vals[-1]) if vals else None
 
 
-def _start(args: list[str], log_path: Path) -> tuple[subprocess.Popen, list[str], Path]:
+def _run(args: list[str], log_path: Path) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as f:
-        proc = subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT)
-    return proc, args, log_path
-
-
-def _wait(started: tuple[subprocess.Popen, list[str], Path]) -> None:
-    proc, args, log_path = started
-    if proc.wait() != 0:
+        r = subprocess.run([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
-        raise RuntimeError(
-            f"`python {' '.join(args)}` failed (exit {proc.returncode}); see {log_path}:\n{tail}"
-        )
-
-
-def _run(args: list[str], log_path: Path) -> None:
-    _wait(_start(args, log_path))
+        raise RuntimeError(f"`python {' '.join(args)}` failed (exit {r.returncode}); see {log_path}:\n{tail}")
 
 
 def run_demo(
@@ -196,6 +185,30 @@ def run_demo(
     )
     timings["data"] = time.perf_counter() - t0
 
+    print("[2/8] the flawed teacher's demonstrations through the native harness; probe leakage", flush=True)
+    t = time.perf_counter()
+    counts = teacher_demonstrations(train, root / "sft" / "demos.jsonl", demo_harness(), TEACHER_FLAWS)
+    print(f"      {counts['writer_segments']} writer segments", flush=True)
+    # probes the reader answers from an empty bank measure nothing about the writer (reward/leakage.py)
+    _run(
+        ["-m", "reward.leakage", str(prompts), str(held), "--reader", "extractive"],
+        root / "logs" / "leakage.log",
+    )
+    counts["leaked"] = {
+        name: json.loads((p / "leakage.json").read_text())["leaked_share"]
+        for name, p in (("prompts", prompts), ("eval", held))
+    }
+    counts["pretrain_tokens"] = pretraining_data(
+        root / "pretrain" / "data.jsonl", pretrain_documents, seed=data_seed
+    )
+    counts["pretrain_documents"] = pretrain_documents
+    # the teacher's SFT keeps part of the copy corpus in its mix: without it, SFT on the harness's format
+    # unlearnt the copying the pretraining had taught (docs/testbed.md, "Why the recipe looks like this")
+    demos = (root / "sft" / "demos.jsonl").read_text().splitlines()
+    pre = (root / "pretrain" / "data.jsonl").read_text().splitlines()
+    (root / "sft" / "teacher.jsonl").write_text("\n".join(demos + pre[:teacher_pretrain_mix]) + "\n")
+    timings["demonstrations"] = time.perf_counter() - t
+
     sft = [
         "num_segments_per_step=16",
         "trainer.gradient_checkpointing=false",
@@ -203,17 +216,10 @@ def run_demo(
         f"trainer.seed={run_seed}",
         f"model.seed={run_seed}",
     ]
-    print("[2/8] pretraining stand-in (python -m hymem_train.sft, plain LM), in the background", flush=True)
-    t_pre = time.perf_counter()
-    counts = {
-        "pretrain_tokens": pretraining_data(
-            root / "pretrain" / "data.jsonl", pretrain_documents, seed=data_seed
-        ),
-        "pretrain_documents": pretrain_documents,
-    }
-    # one epoch of copy episodes stands in for the report's pretrained LLM. It needs nothing from the
-    # demonstrations, so it trains while they are written (one process each; the result is the same).
-    pretraining = _start(
+    print("[3/8] pretraining stand-in (python -m hymem_train.sft, plain LM)", flush=True)
+    t = time.perf_counter()
+    # one epoch of copy episodes stands in for the report's pretrained LLM
+    _run(
         [
             "-m",
             "hymem_train.sft",
@@ -227,34 +233,7 @@ def run_demo(
         ],
         root / "logs" / "pretrain_teacher.log",
     )
-
-    print("[3/8] the flawed teacher's demonstrations through the native harness; probe leakage", flush=True)
-    t = time.perf_counter()
-    try:
-        counts.update(
-            teacher_demonstrations(train, root / "sft" / "demos.jsonl", demo_harness(), TEACHER_FLAWS)
-        )
-        print(f"      {counts['writer_segments']} writer segments", flush=True)
-        # probes the reader answers from an empty bank measure nothing about the writer (reward/leakage.py)
-        _run(
-            ["-m", "reward.leakage", str(prompts), str(held), "--reader", "extractive"],
-            root / "logs" / "leakage.log",
-        )
-    except BaseException:
-        pretraining[0].kill()
-        raise
-    counts["leaked"] = {
-        name: json.loads((p / "leakage.json").read_text())["leaked_share"]
-        for name, p in (("prompts", prompts), ("eval", held))
-    }
-    # the teacher's SFT keeps part of the copy corpus in its mix: without it, SFT on the harness's format
-    # unlearnt the copying the pretraining had taught (docs/testbed.md, "Why the recipe looks like this")
-    demos = (root / "sft" / "demos.jsonl").read_text().splitlines()
-    pre = (root / "pretrain" / "data.jsonl").read_text().splitlines()
-    (root / "sft" / "teacher.jsonl").write_text("\n".join(demos + pre[:teacher_pretrain_mix]) + "\n")
-    timings["demonstrations"] = time.perf_counter() - t
-    _wait(pretraining)
-    timings["pretrain"] = time.perf_counter() - t_pre  # overlaps the demonstrations
+    timings["pretrain"] = time.perf_counter() - t
 
     print(
         f"[4/8] SFT, copy corpus mixed in (python -m hymem_train.sft): {student_epochs} epochs -> the student, "

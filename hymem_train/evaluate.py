@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from harnesses.base import Endpoint, write_json_atomic
 from hymem_train.config import CONFIG_DIR, to_typed, to_yaml
 from hymem_train.evaluation.bank_report import write_bank_metrics
-from hymem_train.evaluation.config import WriterConfig
+from hymem_train.evaluation.config import WriterConfig, with_writer_decoding
 from hymem_train.evaluation.matrix import Endpoints, MatrixRun, gold_datasets, held_out, plan_matrix
 from hymem_train.evaluation.report import build_table, write_outputs
 from hymem_train.run_config import EvaluateConfig
@@ -143,6 +143,7 @@ def fixed_services(cfg: EvaluateConfig):
 def evaluate(cfg: EvaluateConfig, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the matrix and write its tables; returns the summary and where the files are."""
     cfg.validate()
+    cfg = with_writer_decoding(cfg)  # config.yaml below records the decoding the writers used
     run_dir = Path(cfg.run.output_dir)
     out = run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)

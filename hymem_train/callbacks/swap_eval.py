@@ -12,7 +12,7 @@ from typing import Any
 
 from harnesses.base import Endpoint
 from hymem_train.callbacks import Callback
-from hymem_train.evaluation.config import EvalData, MatrixConfig, WriterConfig, eval_decoding
+from hymem_train.evaluation.config import EvalData, MatrixConfig, WriterConfig, with_writer_decoding
 from hymem_train.evaluation.matrix import Endpoints, MatrixRun, held_out, safe
 from hymem_train.evaluation.report import build_table, write_outputs
 
@@ -59,7 +59,7 @@ class SwapEval(Callback):
             writers=[
                 WriterConfig(name=writer, base_url=st.server.base_url, model=st.cfg.gateway.served_model_name)
             ],
-            harnesses={h: eval_decoding(st.cfg.harnesses[h]) for h in names},
+            harnesses={h: st.cfg.harnesses[h] for h in names},
             data=EvalData(path=c.data or st.cfg.data.eval_path),
             benchmarks=list(c.benchmarks),
             protocol=proto,
@@ -69,6 +69,7 @@ class SwapEval(Callback):
             seed=st.cfg.run.seed,
         )
         mcfg.validate()
+        mcfg = with_writer_decoding(mcfg)
         r = proto.reader
         search = Endpoint(r.base_url, r.api_key, r.model) if proto.search_llm == "reader" else None
         embedder = next(iter(st.bank_readers.values())).embedder

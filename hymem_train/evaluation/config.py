@@ -135,6 +135,9 @@ class MatrixConfig:
     bootstrap_resamples: int = 1000  # 95% intervals on every cell and on writer differences
     seed: int = 0  # bootstrap seed
     parallel_builds: int = 1  # bank builds in flight at once (the writer's engine batches their calls)
+    # "protocol": the writer decodes as each framework ships (EVAL_DECODING), whatever sampling the harness
+    # config carries for training; "as_configured": the harness config's own sampling, kept as declared
+    writer_decoding: str = "protocol"
     faults: EvalFaults = field(default_factory=EvalFaults)
 
     def validate(self) -> None:
@@ -154,6 +157,8 @@ class MatrixConfig:
         self.protocol.validate()
         if self.subsample not in ("fixed", "all"):
             raise ValueError(f"subsample={self.subsample!r}: want 'fixed' or 'all'")
+        if self.writer_decoding not in ("protocol", "as_configured"):
+            raise ValueError(f"writer_decoding={self.writer_decoding!r}: want 'protocol' or 'as_configured'")
         if (
             min(self.max_items_per_benchmark, self.build_retries, self.bootstrap_resamples) < 0
             or self.parallel_builds < 1
@@ -206,6 +211,23 @@ EVAL_DECODING: dict[str, dict[str, float]] = {
     "memoryos": {"temperature": 0.7},
     "everos": {"temperature": 0.0},  # everalgo LLMConfig's default
 }
+
+
+def with_writer_decoding(cfg: MatrixConfig) -> MatrixConfig:
+    """`cfg` with its harnesses decoding as `writer_decoding` says. The harness configs are the training
+    ones, which sample at 1.0: one such sample per chunk makes a table that depends on the order in which
+    concurrent builds drew from the engine's generator."""
+    if cfg.writer_decoding == "as_configured":
+        return cfg
+    return dataclasses.replace(cfg, harnesses={n: eval_decoding(h) for n, h in cfg.harnesses.items()})
+
+
+def writer_sampling(h: HarnessConfig) -> dict[str, float]:
+    """The sampling knobs a harness sends with the writer's calls (recorded in a matrix's plan, so a cache
+    built under other decoding is not resumed)."""
+    if h.framework == "native":
+        return {"temperature": h.native.temperature}
+    return {k: h.options[k] for k in ("temperature", "top_p") if k in h.options}
 
 
 def eval_decoding(h: HarnessConfig) -> HarnessConfig:

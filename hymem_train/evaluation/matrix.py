@@ -46,7 +46,7 @@ from data_pipeline.source_gold import has_gold
 from data_pipeline.store import BuiltDataset
 from harnesses.base import Endpoint, HarnessError, PlatformError, WriteStatus, write_json_atomic
 from harnesses.registry import HarnessConfig, get_spec, make_harness
-from hymem_train.evaluation.config import MatrixConfig, WriterConfig
+from hymem_train.evaluation.config import MatrixConfig, WriterConfig, writer_sampling
 from hymem_train.rollout.worker import chunk_messages, kill_sandboxes_until
 from reward.bank_metrics import op_counts
 from reward.eval_protocol import Metric, Verdict, metric_for, token_f1_metric
@@ -224,6 +224,7 @@ def plan_record(plans: list[HarnessPlan], cfg: MatrixConfig) -> dict[str, Any]:
         "harnesses": {
             p.harness: {
                 "dataset": str(p.dataset.root),
+                "writer_decoding": writer_sampling(cfg.harnesses[p.harness]),
                 "eval_subsample": {k: v for k, v in p.dataset.manifest.eval_subsample.items() if k != "ids"},
                 "items": sorted(pi.item.item_id for its in p.items.values() for pi in its),
             }
@@ -239,7 +240,7 @@ def check_plan(out: Path, record: dict[str, Any]) -> None:
         old = json.loads(path.read_text())
         if old != record:
             raise ValueError(
-                f"{path}: this run's plan (items, subsample, judge mode) differs from the one its cache was "
+                f"{path}: this run's plan (items, subsample, judge mode, the writer's decoding) differs from the one its cache was "
                 "built with; use another run.output_dir or delete the directory"
             )
     else:

@@ -241,6 +241,8 @@ def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) ->
             {
                 "writers": writers,
                 "data": str(held),
+                # evaluations cached under another writer decoding (before it followed the protocol) rerun
+                "writer_decoding": "protocol",
                 "runs": [
                     (a.runs[seed] / "ablation_key.json").read_text()
                     if (a.runs[seed] / "ablation_key.json").exists()
@@ -267,6 +269,7 @@ def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) ->
                     f"data.path={held}",
                     f"run.output_dir={ev}",
                     f"run.seed={seed}",
+                    "writer_decoding=protocol",
                 ],
                 out / "logs" / f"evaluate_seed{seed}.log",
             )

@@ -3,6 +3,7 @@
     .venv/bin/python scripts/demo.py                 # data -> SFT teacher -> OPD -> RL -> runs/demo/report.md
     .venv/bin/python scripts/demo.py --gateway-only  # the foundation demo: gateway + recorded segments
     .venv/bin/python scripts/demo.py --root runs/demo_s1 --data-seed 1 --run-seed 1   # another seed pair
+    .venv/bin/python scripts/demo.py --reevaluate --root runs/demo   # a finished demo's evaluation again
 
 The logic lives in scripts/demo_lib/pipeline.py and scripts/demo_lib/gateway.py (demo code, kept out
 of the hymem_train package).
@@ -21,6 +22,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--gateway-only", action="store_true")
     ap.add_argument("--root", default="runs/demo")
+    ap.add_argument(
+        "--reevaluate",
+        action="store_true",
+        help="a finished demo: run its evaluation and report again, nothing retrained",
+    )
     ap.add_argument("--data-seed", type=int, default=0, help="draws the data and the pretraining corpus")
     ap.add_argument(
         "--run-seed", type=int, default=0, help="seeds every training run (a seed pair with --data-seed)"
@@ -30,6 +36,10 @@ if __name__ == "__main__":
         from scripts.demo_lib.gateway import run_gateway_demo
 
         run_gateway_demo()
+    elif args.reevaluate:
+        from scripts.demo_lib.pipeline import reevaluate
+
+        reevaluate(args.root)
     else:
         from scripts.demo_lib.pipeline import run_demo
 

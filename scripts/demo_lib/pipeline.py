@@ -310,6 +310,22 @@ def run_demo(
         flush=True,
     )
     t = time.perf_counter()
+    evaluate_writers(root, held, run_seed, extra.get("eval", []))
+    timings["evaluate"] = time.perf_counter() - t
+    print("[8/8] report", flush=True)
+    timings["total"] = time.perf_counter() - t0
+    counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
+    counts["student_epochs"], counts["teacher_epochs"] = student_epochs, teacher_epochs
+    counts["prompt_sequences"], counts["data_seed"], counts["run_seed"] = (
+        num_prompt_sequences,
+        data_seed,
+        run_seed,
+    )
+    return write_report(root, counts, timings)
+
+
+def evaluate_writers(root: Path, held: Path, run_seed: int, extra: list[str]) -> None:
+    """The writer-swap table and bank metrics of a demo's writers (the bounds, the students, the teacher)."""
     writers = ", ".join(
         ["{name: nothing, kind: empty}", "{name: gold, kind: gold}"]
         + [f"{{name: {n}, checkpoint: '{root}/{d}/final'}}" for n, d in DEMO_WRITERS]
@@ -323,21 +339,27 @@ def run_demo(
             f"data.path={held}",
             f"run.output_dir={root}/swap",
             f"run.seed={run_seed}",
-            *extra.get("eval", []),
+            *extra,
         ],
         root / "logs" / "evaluate.log",
     )
-    timings["evaluate"] = time.perf_counter() - t
-    print("[8/8] report", flush=True)
-    timings["total"] = time.perf_counter() - t0
-    counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
-    counts["student_epochs"], counts["teacher_epochs"] = student_epochs, teacher_epochs
-    counts["prompt_sequences"], counts["data_seed"], counts["run_seed"] = (
-        num_prompt_sequences,
-        data_seed,
-        run_seed,
-    )
-    return write_report(root, counts, timings)
+
+
+def reevaluate(root: str | Path) -> dict:
+    """A finished demo evaluated again (its evaluation and report only, nothing retrained): after a change
+    to the evaluation, the same checkpoints read under it. The old table is replaced."""
+    root = Path(root)
+    old = json.loads((root / "report.json").read_text())
+    shutil.rmtree(root / "swap", ignore_errors=True)
+    t = time.perf_counter()
+    evaluate_writers(root, root / "data" / "eval" / "native", old["counts"]["run_seed"], [])
+    took = time.perf_counter() - t
+    timings = {
+        **old["timings"],
+        "evaluate": took,
+        "total": old["timings"]["total"] - old["timings"]["evaluate"] + took,
+    }
+    return write_report(root, old["counts"], timings)
 
 
 # the model writers of the table, in the order the recipe predicts them to improve (checkpoint dirs)

@@ -328,6 +328,33 @@ def test_resume_refuses_another_plan(locomo, servers, tmp_path):
         )
 
 
+def test_the_writer_decodes_as_the_protocol_says(locomo, servers, tmp_path):
+    """The harness configs are the training ones (native samples at 1.0). The evaluation sends the
+    protocol's greedy decoding unless told to keep the harness's own, and a cache built under one decoding
+    is not resumed under the other."""
+    writers, rd, jd = servers
+    w = writers["copy"]
+    args = overrides(
+        locomo,
+        tmp_path / "a",
+        {"copy": w},
+        rd,
+        jd,
+        "harnesses.native.native.temperature=1.0",
+        "max_items_per_benchmark=1",
+    )
+    evaluate(cfg_of(args), progress=False)
+    greedy = len(w.chat_bodies())
+    assert greedy and {b["temperature"] for b in w.chat_bodies()} == {0.0}
+    with pytest.raises(ValueError, match=r"plan .* the writer's decoding\) differs"):
+        evaluate(cfg_of([*args, "writer_decoding=as_configured"]), progress=False)
+    args[args.index(f"run.output_dir={tmp_path / 'a'}")] = f"run.output_dir={tmp_path / 'b'}"
+    evaluate(cfg_of([*args, "writer_decoding=as_configured"]), progress=False)
+    assert {b["temperature"] for b in w.chat_bodies()[greedy:]} == {1.0}
+    with pytest.raises(ValueError, match="writer_decoding='sampled'"):
+        cfg_of([*args, "writer_decoding=sampled"]).validate()
+
+
 def test_personamem_and_memoryarena_cells(servers, tmp_path):
     """The fixtures in the published layouts (tests/fixtures/eval_benchmarks), built by the data build and
     scored through the matrix with their own reader prompts and scorers: each gets its report column."""

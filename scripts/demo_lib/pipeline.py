@@ -72,10 +72,45 @@ def demo_harness():
     return h
 
 
-def teacher_demonstrations(ds_path: Path, out: Path, harness_cfg, flaws: dict) -> dict[str, int]:
+def teacher_demonstrations(
+    ds_path: Path, out: Path, harness_cfg, flaws: dict, *, workers: int = 2
+) -> dict[str, int]:
     """Writer segments of the flawed ledger oracle, written through the real native harness, gateway and
     chat template the policy later uses (so the teacher learns the exact prompt); one per chunk. Returns
-    the segment count and what the oracle did, by kind (its planted flaws included)."""
+    the segment count and what the oracle did, by kind (its planted flaws included).
+
+    `workers` processes write contiguous shards of the sorted sequences (one process keeps one core busy:
+    the gateway and the harness share its interpreter). The oracle's draws hash each line, so the file is
+    the same for any number of workers."""
+    from collections import Counter
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from data_pipeline.store import BuiltDataset
+
+    seqs = sorted({w.sequence_id for w in BuiltDataset(ds_path).windows})
+    n = max(1, min(workers, len(seqs)))
+    shards = [seqs[i * len(seqs) // n : (i + 1) * len(seqs) // n] for i in range(n)]
+    jobs = [(ds_path, out.parent / "oracle", harness_cfg, flaws, shard) for shard in shards]
+    if n == 1:
+        parts = [_demonstrations_of(*jobs[0])]
+    else:
+        with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as ex:
+            parts = list(ex.map(_demonstrations_of, *zip(*jobs, strict=True)))
+    rows = [r for part_rows, _ in parts for r in part_rows]
+    counts = Counter()
+    for _, c in parts:
+        counts.update(c)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"writer_segments": len(rows), **{f"oracle_{k}": v for k, v in sorted(counts.items())}}
+
+
+def _demonstrations_of(
+    ds_path: Path, bank_root: Path, harness_cfg, flaws: dict, sequences: list[str]
+) -> tuple[list[dict], dict[str, int]]:
+    """One shard of `teacher_demonstrations`: its sequences' windows in order, each window's bank carried
+    into the next; returns the segments and the oracle's counts."""
     from data_pipeline.ledger_oracle import Flaws, LedgerOracle
     from data_pipeline.store import BuiltDataset
     from hymem_train.engines.scripted import ScriptedEngine
@@ -85,6 +120,7 @@ def teacher_demonstrations(ds_path: Path, out: Path, harness_cfg, flaws: dict) -
     from hymem_train.rollout.worker import RolloutTask, RolloutWorker
 
     ds = BuiltDataset(ds_path)
+    keep = set(sequences)
     tok = default_tokenizer()
     oracle = LedgerOracle(Flaws(**flaws))
     gw = Gateway(ScriptedEngine(tok, oracle), tok, GatewayConfig(embeddings=False))
@@ -92,21 +128,22 @@ def teacher_demonstrations(ds_path: Path, out: Path, harness_cfg, flaws: dict) -
     with GatewayServer(gw) as srv:
         worker = RolloutWorker({"native": harness_cfg}, srv.url, gw.admin_token)
         parents: dict[str, str] = {}
-        for w in sorted(ds.windows, key=lambda w: (w.sequence_id, w.index)):
+        windows = sorted(
+            (w for w in ds.windows if w.sequence_id in keep), key=lambda w: (w.sequence_id, w.index)
+        )
+        for w in windows:
             task = RolloutTask(
                 w,
                 ds.chunks_of(w),
                 0,
                 "native",
                 parents.get(w.sequence_id),
-                str(out.parent / "oracle" / w.window_id.replace("/", "_")),
+                str(bank_root / w.window_id.replace("/", "_")),
             )
             res = worker.run(task)
             parents[w.sequence_id] = res.record.final_bank_dir
             rows += [{"prompt_ids": s.prompt_ids, "response_ids": s.response_ids} for s in res.segments]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"writer_segments": len(rows), **{f"oracle_{k}": v for k, v in sorted(oracle.counts.items())}}
+    return rows, dict(oracle.counts)
 
 
 def pretraining_data(out: Path, num_documents: int, seed: int, mixed_share: float = 0.35) -> int:

@@ -32,7 +32,7 @@ def _ledger(path, n, seed):
     return build_data(path, num_sequences=n, num_chunks=6, window=3, seed=seed, world="ledger")
 
 
-def test_teacher_demonstrations_write_each_chunk_with_the_planted_flaws(tmp_path):
+def test_teacher_demonstrations_write_each_chunk_with_the_planted_flaws_in_any_number_of_processes(tmp_path):
     ds_path = _ledger(tmp_path / "train", 6, 0)
     ds = BuiltDataset(ds_path)
     out = tmp_path / "sft" / "demos.jsonl"
@@ -49,6 +49,10 @@ def test_teacher_demonstrations_write_each_chunk_with_the_planted_flaws(tmp_path
     # the flaws were planted (small talk stored, history dropped) and the gold ops were written too
     assert counts["oracle_flaw_store_small_talk"] > 0 and counts["oracle_flaw_drop_history"] > 0
     assert counts["oracle_add"] > 0 and counts["oracle_update"] > 0
+    # written by one process instead of two: the same file, the same counts
+    one = tmp_path / "one" / "demos.jsonl"
+    assert teacher_demonstrations(ds_path, one, demo_harness(), TEACHER_FLAWS, workers=1) == counts
+    assert one.read_bytes() == out.read_bytes()
     # a flawless teacher writes exactly the gold bank's records (nothing more)
     gold = teacher_demonstrations(ds_path, tmp_path / "gold" / "demos.jsonl", demo_harness(), {})
     assert not any(k.startswith("oracle_flaw") for k in gold)

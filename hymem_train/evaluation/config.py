@@ -214,9 +214,10 @@ EVAL_DECODING: dict[str, dict[str, float]] = {
 
 
 def with_writer_decoding(cfg: MatrixConfig) -> MatrixConfig:
-    """`cfg` with its harnesses decoding as `writer_decoding` says. The harness configs are the training
-    ones, which sample at 1.0: one such sample per chunk makes a table that depends on the order in which
-    concurrent builds drew from the engine's generator."""
+    """`cfg` with its harnesses decoding as `writer_decoding` says (silent failure
+    eval-at-training-temperature). The harness configs are the training ones, which sample at 1.0: one
+    such sample per chunk makes a table that depends on the order in which concurrent builds drew from the
+    engine's generator."""
     if cfg.writer_decoding == "as_configured":
         return cfg
     return dataclasses.replace(cfg, harnesses={n: eval_decoding(h) for n, h in cfg.harnesses.items()})

@@ -61,6 +61,7 @@ def check_swap_eval(out, m):
         recs = [json.loads(x) for x in (d / "items.jsonl").read_text().splitlines()]
         plan = json.loads((d / "plan.json").read_text())["harnesses"]["native"]
         assert 1 <= len(recs) == len(plan["items"]) <= 4  # the held-out set's items, at most 4
+        assert plan["writer_decoding"] == {"temperature": 0.0}  # what the cache was built under
         assert {r["writer"] for r in recs} == {f"step_{step}"} and all("score" in r for r in recs)
         assert (d / "table.md").exists()
         # the policy wrote greedily, as the evaluation protocol does, not at the rollouts' temperature 1.0

@@ -288,11 +288,25 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/evaluation/test_report.py::test_shopping_ps_is_a_column_out_of_every_mean_and_cmb_is_not_run",
         ),
     ),
+    Mutation(  # silent failure eval-at-training-temperature, in the standalone evaluation
+        "eval_training_decoding",
+        "hymem_train/evaluate.py",
+        "cfg = with_writer_decoding(cfg)",
+        "cfg = cfg",
+        ("tests/evaluation/test_evaluate.py::test_the_writer_decodes_as_the_protocol_says",),
+    ),
+    Mutation(  # a cache built under one writer decoding resumed under another
+        "eval_plan_without_decoding",
+        "hymem_train/evaluation/matrix.py",
+        '"writer_decoding": writer_sampling(cfg.harnesses[p.harness]),',
+        '"writer_decoding": {},',
+        ("tests/evaluation/test_evaluate.py::test_the_writer_decodes_as_the_protocol_says",),
+    ),
     Mutation(  # the stage's swap evaluation samples at the rollouts' temperature again
         "eval_swap_training_decoding",
         "hymem_train/callbacks/swap_eval.py",
-        "harnesses={h: eval_decoding(st.cfg.harnesses[h]) for h in names}",
-        "harnesses={h: st.cfg.harnesses[h] for h in names}",
+        "mcfg = with_writer_decoding(mcfg)",
+        "mcfg = mcfg",
         (
             "tests/stages/test_observability_cli.py::"
             "test_rl_run_logs_each_step_into_the_run_dir_and_wandb_gets_the_config",

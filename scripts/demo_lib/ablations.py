@@ -33,6 +33,7 @@ from scripts.demo_lib.pipeline import _run, growth_overrides
 # Bumped when what a finished run means changes, so an old run is re-run rather than reused.
 # v3: no in-run held-out evaluation; the table reads the per-seed writer-swap evaluation's bank metrics.
 RUN_VERSION = "v3"
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "exp" / "demo_rl.yaml"  # every run's base
 BASELINE = "baseline"
 START = "opd"  # the writer every RL run starts from, evaluated beside them
 ZERO_ADV = "reward/zero_advantage_share"
@@ -190,7 +191,8 @@ def run_table(
 
     def one(task) -> None:
         a, seed, run_dir, cmd = task
-        key = json.dumps({"run_version": RUN_VERSION, "cmd": cmd[1:]})
+        # the recipe file too: a run from the demo's earlier RL settings (its lr) is not reused
+        key = json.dumps({"run_version": RUN_VERSION, "cmd": cmd[1:], "recipe": RECIPE.read_text()})
         stamp = run_dir / "ablation_key.json"
         if _finished(run_dir, steps) and stamp.exists() and stamp.read_text() == key:
             return

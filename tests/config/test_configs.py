@@ -158,7 +158,7 @@ def test_ablation_overlays_flip_one_knob():
 def test_config_diff_names_each_changed_leaf():
     base = to_typed(compose("rl", ["+exp=demo_rl"]), RlConfig)
     cfg = to_typed(compose("rl", ["+exp=demo_rl", "trainer.lr=1e-3", "reward.search_k=3"]), RlConfig)
-    assert config_diff(base, cfg) == {"trainer.lr": (3e-4, 1e-3), "reward.search_k": (10, 3)}
+    assert config_diff(base, cfg) == {"trainer.lr": (1e-4, 1e-3), "reward.search_k": (10, 3)}
     one = to_typed(compose("rl", ["+exp=demo_rl", "harnesses.native.native.max_tokens=7"]), RlConfig)
     assert list(config_diff(base, one, atomic=("harnesses",))) == ["harnesses"]
 

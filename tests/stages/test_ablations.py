@@ -104,19 +104,30 @@ def test_runner_micro_scale_table_shape(tmp_path):
     assert "| no_traps | false_memory_resistance |" in text  # its registered metric, one seed: no verdict
     writers = json.loads((arr / "eval" / "seed0" / "ablation_eval_key.json").read_text())["writers"]
     assert f"{{name: no_traps, checkpoint: '{moved}/final'}}" in writers
-    # a run from an older run version (or another command) is re-run from scratch, not reused
+    # a run from an older run version, or from another RL recipe (the demo's lr changed), is re-run from
+    # scratch, not reused
     stamp = base_dir / "ablation_key.json"
-    stamp.write_text(stamp.read_text().replace(ab.RUN_VERSION, "v1"))
+    kept = tmp_path / "kept_run"
+    shutil.copytree(base_dir, kept)
     started = []
 
     def fail(cmd, **kw):
         started.append(cmd)
         return type("R", (), {"returncode": 3})()
 
-    with (
-        unittest.mock.patch.object(ab.subprocess, "run", fail),
-        pytest.raises(RuntimeError, match="exit 3"),
-    ):
-        run_table(root, tmp_path / "out", seeds=1, steps=1, only=only, extra=fast)
-    assert len(started) == 1 and "run.name=ablation_baseline_seed0" in started[0]
-    assert not stamp.exists()  # the stale run directory was removed before the re-run
+    other = tmp_path / "demo_rl.yaml"
+    other.write_text(ab.RECIPE.read_text().replace("lr: 1.0e-4", "lr: 3.0e-4"))
+    assert other.read_text() != ab.RECIPE.read_text()
+    for stale in ("recipe", "run_version"):
+        if stale == "run_version":
+            shutil.copytree(kept, base_dir)
+            stamp.write_text(stamp.read_text().replace(ab.RUN_VERSION, "v1"))
+        recipe = other if stale == "recipe" else ab.RECIPE
+        with (
+            unittest.mock.patch.object(ab.subprocess, "run", fail),
+            unittest.mock.patch.object(ab, "RECIPE", recipe),
+            pytest.raises(RuntimeError, match="exit 3"),
+        ):
+            run_table(root, tmp_path / "out", seeds=1, steps=1, only=only, extra=fast)
+        assert len(started) == 1 and "run.name=ablation_baseline_seed0" in started.pop()
+        assert not stamp.exists()  # the stale run directory was removed before the re-run

@@ -384,12 +384,23 @@ def evaluate_writers(root: Path, held: Path, run_seed: int, extra: list[str]) ->
 
 def reevaluate(root: str | Path) -> dict:
     """A finished demo evaluated again (its evaluation and report only, nothing retrained): after a change
-    to the evaluation, the same checkpoints read under it. The old table is replaced."""
+    to the evaluation, the same checkpoints read under it. The old table is replaced once the new one is
+    done; an evaluation that fails leaves the old one in place."""
     root = Path(root)
     old = json.loads((root / "report.json").read_text())
-    shutil.rmtree(root / "swap", ignore_errors=True)
+    swap, previous = root / "swap", root / "swap.previous"
+    shutil.rmtree(previous, ignore_errors=True)
+    if swap.exists():
+        swap.rename(previous)  # its cache was built under the old evaluation: not resumed
     t = time.perf_counter()
-    evaluate_writers(root, root / "data" / "eval" / "native", old["counts"]["run_seed"], [])
+    try:
+        evaluate_writers(root, root / "data" / "eval" / "native", old["counts"]["run_seed"], [])
+    except BaseException:
+        shutil.rmtree(swap, ignore_errors=True)
+        if previous.exists():
+            previous.rename(swap)
+        raise
+    shutil.rmtree(previous, ignore_errors=True)
     took = time.perf_counter() - t
     timings = {
         **old["timings"],

@@ -22,6 +22,7 @@ from scripts.demo_lib.pipeline import (
     gain_decomposition,
     growth_overrides,
     paired_checks,
+    reevaluate,
     run_demo,
     teacher_demonstrations,
     write_report,
@@ -202,3 +203,21 @@ def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path):
         ):
             run_demo(tmp_path, student_epochs=k, teacher_epochs=3)
     assert not any(tmp_path.iterdir())  # nothing was built
+
+
+def test_a_failed_reevaluation_leaves_the_old_table(tmp_path, monkeypatch):
+    """`scripts/demo.py --reevaluate` replaces a demo's table only once the new evaluation is done."""
+    (tmp_path / "report.json").write_text(json.dumps({"counts": {"run_seed": 0}, "timings": {}}))
+    (tmp_path / "swap" / "eval").mkdir(parents=True)
+    (tmp_path / "swap" / "eval" / "table.md").write_text("the old table")
+
+    def fails(args, log_path):
+        (tmp_path / "swap" / "eval").mkdir(parents=True)  # a half-written new evaluation
+        raise RuntimeError("evaluation failed")
+
+    monkeypatch.setattr("scripts.demo_lib.pipeline._run", fails)
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        reevaluate(tmp_path)
+    old_table = tmp_path / "swap" / "eval" / "table.md"
+    assert old_table.exists() and old_table.read_text() == "the old table"
+    assert not (tmp_path / "swap.previous").exists()

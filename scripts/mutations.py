@@ -302,6 +302,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         '"writer_decoding": {},',
         ("tests/evaluation/test_evaluate.py::test_the_writer_decodes_as_the_protocol_says",),
     ),
+    Mutation(  # a writer's cached banks resumed by another writer under the same name
+        "eval_cache_any_writer",
+        "hymem_train/evaluation/matrix.py",
+        "            check_writer(self.out, w)\n",
+        "",
+        (
+            "tests/evaluation/test_evaluate.py::"
+            "test_writers_added_to_a_run_reuse_its_cache_and_another_writer_under_an_old_name_is_refused",
+        ),
+    ),
     Mutation(  # the stage's swap evaluation samples at the rollouts' temperature again
         "eval_swap_training_decoding",
         "hymem_train/callbacks/swap_eval.py",

@@ -248,6 +248,36 @@ def check_plan(out: Path, record: dict[str, Any]) -> None:
         write_json_atomic(path, record)
 
 
+def writer_identity(w: WriterConfig) -> dict[str, Any]:
+    """What a writer's cached banks were built by. A checkpoint is named by its path and its files' sizes
+    and modification times, so a checkpoint retrained in place is not taken for the one cached."""
+    ident: dict[str, Any] = {"kind": w.kind, "preset": w.preset}
+    if w.checkpoint:
+        root = Path(w.checkpoint).resolve()
+        files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
+        ident["checkpoint"] = str(root)
+        ident["files"] = [[str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    if w.base_url:
+        ident["endpoint"] = [w.base_url, w.model]
+    return ident
+
+
+def check_writer(out: Path, w: WriterConfig) -> None:
+    """A writer's cache is resumed only by the same writer: the cache is keyed by the writer's name, and
+    another checkpoint under an old name would otherwise be scored with the old one's banks."""
+    path = out / "cache" / safe(w.name) / "writer.json"
+    ident = writer_identity(w)
+    if path.exists():
+        if json.loads(path.read_text()) != ident:
+            raise ValueError(
+                f"{path}: writer {w.name!r} is not the writer its cached banks were built by (another "
+                "checkpoint, a retrained one, or another endpoint); use another run.output_dir or delete the directory"
+            )
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, ident)
+
+
 # ------------------------------------------------------------------------------------------ builds
 @dataclass
 class Unit:
@@ -611,6 +641,7 @@ class MatrixRun:
                         jc = dataclasses.replace(jc, max_tokens=m.judge_max_tokens)
                     judges[b] = ChatClient(jc)
         for w in writers or self.cfg.writers:
+            check_writer(self.out, w)
             for p in plans:
                 self._run_cell(w, p, readers, judges)
         self.stats["reader_calls"] += sum(r.stats["calls"] for r in readers.values())

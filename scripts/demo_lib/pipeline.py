@@ -176,13 +176,22 @@ def first_last(rows: list[dict], key: str) -> tuple[float, float] | None:
     return (vals[0], vals[-1]) if vals else None
 
 
-def _run(args: list[str], log_path: Path) -> None:
+def _start(args: list[str], log_path: Path) -> subprocess.Popen:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as f:
-        r = subprocess.run([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
+        return subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT)
+
+
+def _wait(proc: subprocess.Popen, log_path: Path) -> None:
+    if proc.wait() != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
-        raise RuntimeError(f"`python {' '.join(args)}` failed (exit {r.returncode}); see {log_path}:\n{tail}")
+        raise RuntimeError(
+            f"`python {' '.join(proc.args[1:])}` failed (exit {proc.returncode}); see {log_path}:\n{tail}"
+        )
+
+
+def _run(args: list[str], log_path: Path) -> None:
+    _wait(_start(args, log_path), log_path)
 
 
 def run_demo(
@@ -324,21 +333,35 @@ def run_demo(
     # The growth penalty's bounds from the OPD student's own writes, as docs/reward.md prescribes
     growth, counts["growth_bounds"] = growth_overrides(root / "opd")
     print(f"      {counts['growth_bounds']}", flush=True)
-    print("[6/8] RL: chunk-level GRPO, extractive reader (python -m hymem_train.rl +exp=demo_rl)", flush=True)
-    t = time.perf_counter()
-    _run(
-        [
-            "-m",
-            "hymem_train.rl",
-            "+exp=demo_rl",
-            *common,
-            f"init_checkpoint={root}/opd/final",
-            f"run.output_dir={root}/rl",
-            *growth,
-            *extra.get("rl", []),
-        ],
-        root / "logs" / "rl.log",
+    print(
+        "[6/8] RL: chunk-level GRPO, extractive reader (python -m hymem_train.rl +exp=demo_rl); the writers "
+        "that do not wait for it are evaluated beside it",
+        flush=True,
     )
+    t = time.perf_counter()
+    # RL keeps about one of the two cores busy (its rollouts decode one window at a time), so the bounds,
+    # SFT, OPD and the teacher are read beside it; the evaluation after RL reuses their cached banks
+    # (greedy decoding: the same table as one evaluation of every writer; tests/evaluation)
+    early_log = root / "logs" / "evaluate_beside_rl.log"
+    early = _start(_evaluate_args(root, held, run_seed, extra.get("eval", []), skip=("rl",)), early_log)
+    try:
+        _run(
+            [
+                "-m",
+                "hymem_train.rl",
+                "+exp=demo_rl",
+                *common,
+                f"init_checkpoint={root}/opd/final",
+                f"run.output_dir={root}/rl",
+                *growth,
+                *extra.get("rl", []),
+            ],
+            root / "logs" / "rl.log",
+        )
+    except BaseException:
+        early.kill()
+        early.wait()
+        raise
     timings["rl"] = time.perf_counter() - t
 
     print(
@@ -347,6 +370,7 @@ def run_demo(
         flush=True,
     )
     t = time.perf_counter()
+    _wait(early, early_log)  # the time it runs past RL counts as the evaluation's
     evaluate_writers(root, held, run_seed, extra.get("eval", []))
     timings["evaluate"] = time.perf_counter() - t
     print("[8/8] report", flush=True)
@@ -361,25 +385,28 @@ def run_demo(
     return write_report(root, counts, timings)
 
 
-def evaluate_writers(root: Path, held: Path, run_seed: int, extra: list[str]) -> None:
-    """The writer-swap table and bank metrics of a demo's writers (the bounds, the students, the teacher)."""
+def _evaluate_args(
+    root: Path, held: Path, run_seed: int, extra: list[str], skip: tuple[str, ...] = ()
+) -> list[str]:
     writers = ", ".join(
         ["{name: nothing, kind: empty}", "{name: gold, kind: gold}"]
-        + [f"{{name: {n}, checkpoint: '{root}/{d}/final'}}" for n, d in DEMO_WRITERS]
+        + [f"{{name: {n}, checkpoint: '{root}/{d}/final'}}" for n, d in DEMO_WRITERS if n not in skip]
     )
-    _run(
-        [
-            "-m",
-            "hymem_train.evaluate",
-            "+exp=evaluate_demo",
-            f"writers=[{writers}]",
-            f"data.path={held}",
-            f"run.output_dir={root}/swap",
-            f"run.seed={run_seed}",
-            *extra,
-        ],
-        root / "logs" / "evaluate.log",
-    )
+    return [
+        "-m",
+        "hymem_train.evaluate",
+        "+exp=evaluate_demo",
+        f"writers=[{writers}]",
+        f"data.path={held}",
+        f"run.output_dir={root}/swap",
+        f"run.seed={run_seed}",
+        *extra,
+    ]
+
+
+def evaluate_writers(root: Path, held: Path, run_seed: int, extra: list[str]) -> None:
+    """The writer-swap table and bank metrics of a demo's writers (the bounds, the students, the teacher)."""
+    _run(_evaluate_args(root, held, run_seed, extra), root / "logs" / "evaluate.log")
 
 
 def reevaluate(root: str | Path) -> dict:

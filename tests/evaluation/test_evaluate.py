@@ -328,6 +328,25 @@ def test_resume_refuses_another_plan(locomo, servers, tmp_path):
         )
 
 
+def test_writers_added_to_a_run_reuse_its_cache_and_another_writer_under_an_old_name_is_refused(
+    locomo, servers, tmp_path, reference
+):
+    """`make demo` reads its early writers while RL trains, then all of them into the same directory: the
+    cached writers are not paid again and the table equals one uninterrupted run. The cache is keyed by
+    a writer's name, so a different writer under that name must not inherit it."""
+    writers, rd, jd = servers
+    full = reference[0]
+    evaluate(cfg_of(overrides(locomo, tmp_path, {"copy": writers["copy"]}, rd, jd)), progress=False)
+    paid = len(writers["copy"].chat_requests(None))
+    res = evaluate(cfg_of(overrides(locomo, tmp_path, writers, rd, jd)), progress=False)
+    assert len(writers["copy"].chat_requests(None)) == paid  # nothing re-paid for the cached writer
+    key = lambda r: (r["writer"], r["item_id"])  # noqa: E731
+    assert sorted(res["records"], key=key) == sorted(full["records"], key=key)
+    swapped = {"copy": writers["empty"], "empty": writers["empty"]}  # another endpoint named "copy"
+    with pytest.raises(ValueError, match="writer 'copy' is not the writer its cached banks were built by"):
+        evaluate(cfg_of(overrides(locomo, tmp_path, swapped, rd, jd)), progress=False)
+
+
 def test_the_writer_decodes_as_the_protocol_says(locomo, servers, tmp_path):
     """The harness configs are the training ones (native samples at 1.0). The evaluation sends the
     protocol's greedy decoding unless told to keep the harness's own, and a cache built under one decoding

@@ -305,8 +305,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(  # a writer's cached banks resumed by another writer under the same name
         "eval_cache_any_writer",
         "hymem_train/evaluation/matrix.py",
-        "            check_writer(self.out, w)\n",
-        "",
+        "                check_writer(self.out, w)\n",
+        "                pass\n",
         (
             "tests/evaluation/test_evaluate.py::"
             "test_writers_added_to_a_run_reuse_its_cache_and_another_writer_under_an_old_name_is_refused",

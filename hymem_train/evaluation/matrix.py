@@ -264,7 +264,8 @@ def writer_identity(w: WriterConfig) -> dict[str, Any]:
 
 def check_writer(out: Path, w: WriterConfig) -> None:
     """A writer's cache is resumed only by the same writer: the cache is keyed by the writer's name, and
-    another checkpoint under an old name would otherwise be scored with the old one's banks."""
+    another checkpoint under an old name would otherwise be scored with the old one's banks (silent
+    failure cache-under-another-writer)."""
     path = out / "cache" / safe(w.name) / "writer.json"
     ident = writer_identity(w)
     if path.exists():

@@ -49,7 +49,7 @@ demo: setup
 demo-gateway: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline $(PY) scripts/demo.py --gateway-only
 
-# the ablation table at tiny scale (needs a finished `make demo`): docs/ablations.md
+# the ablation table at tiny scale (needs a finished `make demo`): runs/ablations/table.md; measured: docs/ablations.md
 ablations: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline HF_DATASETS_DISABLE_PROGRESS_BARS=1 $(PY) scripts/ablations.py
 

@@ -4,9 +4,10 @@
     .venv/bin/python scripts/ablations.py --only baseline no_traps --seeds 2 --jobs 2
 
 Writes runs/ablations/ (one run directory per ablation and seed, and one writer-swap evaluation per
-seed under eval/; finished runs and evaluations are reused) and the table to docs/ablations.md +
-docs/ablations.png. Each registered direction (docs/ablation_predictions.md) is checked on its own
-held-out bank metric. The logic lives in scripts/demo_lib/ablations.py.
+seed under eval/; finished runs and evaluations are reused) and the table to runs/ablations/table.md +
+table.png (`--table` elsewhere; docs/ablations.md holds the measured tables with what they mean). Each
+registered direction (docs/ablation_predictions.md) is checked on its own held-out bank metric. The
+logic lives in scripts/demo_lib/ablations.py.
 
 On a cluster, slurm/submit_ablations.sh runs the same table as a job array, through two more modes:
 
@@ -29,7 +30,7 @@ if __name__ == "__main__":
         "--demo-root", default="runs/demo", help="a finished `make demo` (its OPD checkpoint and data)"
     )
     ap.add_argument("--out", default="runs/ablations")
-    ap.add_argument("--table", default="docs/ablations.md")
+    ap.add_argument("--table", default="", help="the table's markdown (default: <out>/table.md)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=24, help="RL steps per run (the demo's RL: 24)")
     ap.add_argument(
@@ -67,6 +68,10 @@ if __name__ == "__main__":
     )
     print(
         write_table(
-            table, Path(args.table), steps=args.steps, seeds=args.seeds, wall_s=time.perf_counter() - t0
+            table,
+            Path(args.table or Path(args.out) / "table.md"),
+            steps=args.steps,
+            seeds=args.seeds,
+            wall_s=time.perf_counter() - t0,
         )
     )

@@ -1,13 +1,17 @@
-"""Two demo stages that were made parallel without changing what they produce, each against its serial
+"""Three demo stages that were made parallel without changing what they produce, each against its serial
 form in the same run (docs/testbed.md, wall time):
 
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --sequences 100
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo   # + the evaluation
+    PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo --rl-steps 12 --stages rl
 
 1. The flawed teacher's demonstrations through the native harness: one process against two, on
    `--sequences` ledger-world sequences; the two files must be equal byte for byte.
 2. With `--demo-root` (a finished `make demo`): the writer-swap evaluation of its six writers with 1
    bank build in flight against 8; the bank metrics must be equal (greedy decoding).
+3. With `--rl-steps N` too: RL from the demo's OPD checkpoint (N steps), then the evaluation of every
+   writer, against the same RL with the writers that do not wait for it evaluated beside it and only
+   RL's banks built after it (as `make demo` runs them); the bank metrics must be equal.
 """
 
 from __future__ import annotations
@@ -24,8 +28,13 @@ from pathlib import Path
 from scripts.demo_lib.pipeline import (
     DEMO_WRITERS,
     TEACHER_FLAWS,
+    _evaluate_args,
+    _run,
+    _start,
+    _wait,
     build_data,
     demo_harness,
+    growth_overrides,
     teacher_demonstrations,
 )
 
@@ -79,15 +88,63 @@ def bench_evaluation(tmp: Path, root: Path) -> None:
     )
 
 
+def bench_rl_overlap(tmp: Path, root: Path, steps: int) -> None:
+    held = root / "data" / "eval" / "native"
+    growth, _ = growth_overrides(root / "opd")
+    secs, metrics = {}, {}
+    for mode in ("serial", "beside"):
+        run = tmp / mode  # a demo root whose RL is this run's; the other writers are the demo's own
+        run.mkdir()
+        for _, d in DEMO_WRITERS:
+            if d != "rl":
+                (run / d).symlink_to(root / d)
+        rl = [
+            "-m",
+            "hymem_train.rl",
+            "+exp=demo_rl",
+            f"data.path={root}/data/prompts/native",
+            f"data.eval_path={held}",
+            "run.seed=0",
+            f"init_checkpoint={root}/opd/final",
+            f"run.output_dir={run}/rl",
+            f"num_steps={steps}",
+            f"save_every={steps}",
+            *growth,
+        ]
+        t = time.perf_counter()
+        if mode == "serial":
+            _run(rl, run / "rl.log")
+        else:
+            early = _start(_evaluate_args(run, held, 0, [], skip=("rl",)), run / "early.log")
+            _run(rl, run / "rl.log")
+            _wait(early, run / "early.log")
+        _run(_evaluate_args(run, held, 0, []), run / "evaluate.log")
+        secs[mode] = time.perf_counter() - t
+        metrics[mode] = json.loads((run / "swap" / "eval" / "bank_metrics.json").read_text())["harnesses"]
+    if metrics["serial"] != metrics["beside"]:
+        raise SystemExit("the bank metrics differ with the early writers evaluated beside RL")
+    print(
+        f"RL ({steps} steps) and the evaluation: one after the other {secs['serial']:.1f} s, the early "
+        f"writers beside RL {secs['beside']:.1f} s, ratio {secs['serial'] / secs['beside']:.2f}x "
+        "(the same bank metrics)"
+    )
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sequences", type=int, default=100)
     ap.add_argument("--demo-root", default="", help="a finished make demo: also time its evaluation")
+    ap.add_argument("--rl-steps", type=int, default=0, help="with --demo-root: also time RL + evaluation")
+    ap.add_argument("--stages", default="demonstrations,evaluation,rl", help="which of the three to run")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_demo_"))
     try:
-        bench_demonstrations(tmp, args.sequences)
-        if args.demo_root:
+        stages = args.stages.split(",")
+        if "demonstrations" in stages:
+            bench_demonstrations(tmp, args.sequences)
+        if args.demo_root and "evaluation" in stages:
             bench_evaluation(tmp, Path(args.demo_root).resolve())
+        if args.demo_root and args.rl_steps and "rl" in stages:
+            bench_rl_overlap(tmp, Path(args.demo_root).resolve(), args.rl_steps)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

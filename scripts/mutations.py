@@ -312,6 +312,13 @@ MUTATIONS: tuple[Mutation, ...] = (
             "test_writers_added_to_a_run_reuse_its_cache_and_another_writer_under_an_old_name_is_refused",
         ),
     ),
+    Mutation(  # a checkpoint retrained in place taken for the one whose banks are cached
+        "eval_cache_ignores_checkpoint_files",
+        "hymem_train/evaluation/matrix.py",
+        'ident["files"] = [[str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns] for f in files]',
+        'ident["files"] = []',
+        ("tests/evaluation/test_evaluate.py::test_a_checkpoint_retrained_in_place_is_another_writer",),
+    ),
     Mutation(  # the stage's swap evaluation samples at the rollouts' temperature again
         "eval_swap_training_decoding",
         "hymem_train/callbacks/swap_eval.py",

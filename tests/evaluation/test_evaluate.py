@@ -21,6 +21,7 @@ from data_pipeline.memoryarena import DAY_KEYS
 from hymem_train.config import compose, to_typed
 from hymem_train.evaluate import evaluate
 from hymem_train.evaluation import matrix as mx
+from hymem_train.evaluation.config import WriterConfig
 from hymem_train.evaluation.matrix import WriterLeakError
 from hymem_train.run_config import EvaluateConfig
 from tests.doubles.openai_server import HttpFailure, StandInServer
@@ -345,6 +346,21 @@ def test_writers_added_to_a_run_reuse_its_cache_and_another_writer_under_an_old_
     swapped = {"copy": writers["empty"], "empty": writers["empty"]}  # another endpoint named "copy"
     with pytest.raises(ValueError, match="writer 'copy' is not the writer its cached banks were built by"):
         evaluate(cfg_of(overrides(locomo, tmp_path, swapped, rd, jd)), progress=False)
+
+
+def test_a_checkpoint_retrained_in_place_is_another_writer(tmp_path):
+    """The same name and the same checkpoint path, but the weights rewritten (a rerun of training into the
+    same directory): the cached banks are not the new checkpoint's."""
+    ckpt = tmp_path / "rl" / "final"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"a" * 64)
+    w = WriterConfig(name="rl", checkpoint=str(ckpt))
+    out = tmp_path / "eval"
+    mx.check_writer(out, w)
+    mx.check_writer(out, w)  # unchanged: resumed
+    (ckpt / "model.safetensors").write_bytes(b"b" * 65)
+    with pytest.raises(ValueError, match="writer 'rl' is not the writer its cached banks were built by"):
+        mx.check_writer(out, w)
 
 
 def test_the_writer_decodes_as_the_protocol_says(locomo, servers, tmp_path):

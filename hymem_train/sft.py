@@ -43,6 +43,9 @@ class SftConfig:
     num_segments_per_step: int = 8  # segments per optimizer step (all ranks together)
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
     max_steps: int = 0  # stop after N steps in total (0 = run all epochs)
+    # the lr decays linearly toward 0 over the last N epochs (0: constant). A run stopped before them
+    # (num_epochs - N epochs) is exactly the constant-lr run, so it can serve as a checkpoint on the way.
+    anneal_epochs: int = 0
 
     def validate(self) -> None:
         self.model.validate()
@@ -51,6 +54,10 @@ class SftConfig:
             raise ValueError(f"trainer.loss.kind={self.trainer.loss.kind!r}: the SFT entry point needs 'sft'")
         if self.num_segments_per_step < 1 or self.num_epochs < 1:
             raise ValueError("num_segments_per_step and num_epochs must be >= 1")
+        if not 0 <= self.anneal_epochs <= self.num_epochs:
+            raise ValueError(
+                f"anneal_epochs={self.anneal_epochs}: want 0 <= anneal_epochs <= num_epochs={self.num_epochs}"
+            )
 
 
 register_schema("sft", SftConfig)
@@ -98,10 +105,23 @@ def step_batches(segments: list[Segment], cfg: SftConfig) -> list[list[Segment]]
     return steps[: cfg.max_steps] if cfg.max_steps else steps
 
 
+def lr_factor(num_segments: int, cfg: SftConfig):
+    """The lr multiplier of optimizer step k: 1, then over the last `anneal_epochs` epochs linear from 1 to
+    1/(their steps) at the last step. Counted on the whole epoch schedule (max_steps does not move it)."""
+    per_epoch = -(-num_segments // cfg.num_segments_per_step)
+    total, anneal = cfg.num_epochs * per_epoch, cfg.anneal_epochs * per_epoch
+    if anneal == 0:
+        return None
+    return lambda k: 1.0 if k < total - anneal else max(total - k, 1) / anneal
+
+
 def run(cfg: SftConfig) -> dict[str, float]:
     out_dir, ckpt_dir = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoints"
-    trainer = Trainer(cfg.trainer, load_trainer_model(cfg.model, cfg.trainer))
-    steps = step_batches(load_segments(cfg.data_path), cfg)
+    segments = load_segments(cfg.data_path)
+    trainer = Trainer(
+        cfg.trainer, load_trainer_model(cfg.model, cfg.trainer), lr_factor=lr_factor(len(segments), cfg)
+    )
+    steps = step_batches(segments, cfg)
     cursor = trainer.load(str(ckpt_dir))["data_cursor"] if (ckpt_dir / "latest").exists() else 0
     metrics: dict[str, float] = {}
     for s in range(cursor, len(steps)):

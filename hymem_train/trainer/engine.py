@@ -20,6 +20,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -131,7 +132,9 @@ def load_trainer_model(model_cfg, cfg: TrainerConfig) -> nn.Module:
 class Trainer:
     """Owns the DeepSpeed engine; the entry points call `train_step`, `save`, `load`, `sync_weights`."""
 
-    def __init__(self, cfg: TrainerConfig, model: nn.Module):
+    def __init__(self, cfg: TrainerConfig, model: nn.Module, lr_factor: Callable[[int], float] | None = None):
+        """`lr_factor(k)` scales `cfg.lr` for optimizer step k (0-based, counted over resumes); None keeps
+        it constant (the stages' schedule)."""
         cfg.validate()
         self.cfg = cfg
         self.rank, self.world_size = init_distributed()
@@ -157,7 +160,7 @@ class Trainer:
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor or (lambda _step: 1.0))
         ds_config = deepspeed_config(cfg)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=self.policy, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config

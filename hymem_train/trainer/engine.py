@@ -222,6 +222,7 @@ class Trainer:
         # without ZeRO DeepSpeed clips the fp32 grads but records no global norm (get_global_grad_norm
         # is None): measure it here, before the step clips it, so stage 0 logs the same metric
         pre_norm = self._plain_grad_norm() if self.cfg.zero_stage == 0 else None
+        lr = float(self.scheduler.get_last_lr()[0])  # the rate this step uses; engine.step moves it on
         self.engine.step()
         grad_norm = pre_norm if pre_norm is not None else self.engine.get_global_grad_norm()
         self.step += 1
@@ -230,7 +231,7 @@ class Trainer:
         if self.world_size > 1:
             torch.distributed.all_reduce(vec)  # every metric is a sum: reduce by addition
         tot = dict(zip(keys + ["_mm_diff", "_mm_tot"], vec.tolist(), strict=True))
-        return self._metrics(tot, grad_norm, time.perf_counter() - t0)
+        return self._metrics(tot, grad_norm, lr, time.perf_counter() - t0)
 
     def train_items(self, items: list, loss_kind: str) -> dict[str, float]:
         """Collective: one rollout batch -> its optimizer updates. Each update packs its items over
@@ -325,13 +326,13 @@ class Trainer:
         """Collective. Pushes the HF model's weights to `receivers` from rank 0 in buckets."""
         return sync_weights(self.model, receivers, version, cfg or WeightSyncConfig(), self.rank)
 
-    def _metrics(self, tot: dict[str, float], grad_norm, seconds: float) -> dict[str, float]:
+    def _metrics(self, tot: dict[str, float], grad_norm, lr: float, seconds: float) -> dict[str, float]:
         n = max(tot.get("train/num_loss_tokens", 0.0), 1.0)
         m = {
             "train/loss": tot["train/loss_weighted_sum"],
             "train/num_loss_tokens": tot["train/num_loss_tokens"],
             "train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "train/lr": float(self.scheduler.get_last_lr()[0]),
+            "train/lr": lr,
             "perf/step_seconds": seconds,
             "perf/tokens_per_s": tot["perf/num_real_tokens"] / max(seconds, 1e-9),
             "perf/padding_share": 1.0 - tot["perf/num_real_tokens"] / max(tot["perf/num_row_tokens"], 1.0),

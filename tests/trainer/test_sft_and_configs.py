@@ -127,17 +127,22 @@ def test_sft_entry_point_trains_resumes_and_exports(tmp_path):
 
 def test_sft_stopped_early_then_resumed_is_the_uninterrupted_run(tmp_path):
     """The demo's student is an SFT run stopped after fewer epochs, and its teacher is that run resumed
-    from the student's checkpoint: the resumed steps must be the uninterrupted run's, loss for loss."""
+    from the student's checkpoint with its last epoch annealed: the resumed steps must be the
+    uninterrupted run's, loss for loss, and only the annealed epoch's rate falls."""
     _write_data(tmp_path / "d.jsonl", n=24)
 
-    def sft(out: str, epochs: int) -> list[float]:
-        _run_sft(tmp_path, f"out_dir={tmp_path / out}", f"num_epochs={epochs}")
+    def sft(out: str, epochs: int, *over: str) -> tuple[list[float], list[float]]:
+        _run_sft(tmp_path, f"out_dir={tmp_path / out}", f"num_epochs={epochs}", *over)
         rows = [json.loads(x) for x in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
-        return [r["train/loss"] for r in rows]
+        return [r["train/loss"] for r in rows], [r["train/lr"] for r in rows]
 
-    whole = sft("whole", 2)  # 3 steps per epoch
-    early = sft("early", 1)
+    whole, whole_lr = sft("whole", 2, "anneal_epochs=1")  # 3 steps per epoch
+    early, early_lr = sft("early", 1)
     shutil.copytree(tmp_path / "early" / "checkpoints", tmp_path / "late" / "checkpoints")
-    late = sft("late", 2)  # resumes at the early run's cursor
+    late, late_lr = sft("late", 2, "anneal_epochs=1")  # resumes at the early run's cursor
     assert len(whole) == 6 and len(early) == 3 and len(late) == 3
     assert early == pytest.approx(whole[:3], rel=1e-6) and late == pytest.approx(whole[3:], rel=1e-6)
+    # the rate each step used: constant, then linear over the last epoch's 3 steps
+    assert whole_lr == early_lr + late_lr == pytest.approx([3e-3] * 3 + [3e-3, 2e-3, 1e-3])
+    with pytest.raises(ValueError, match="anneal_epochs=3: want 0 <= anneal_epochs <= num_epochs=2"):
+        to_typed(compose("sft", ["data_path=x", "num_epochs=2", "anneal_epochs=3"]), SftConfig)

@@ -1,9 +1,10 @@
-"""Three demo stages that were made parallel without changing what they produce, each against its serial
+"""Four demo stages that were made parallel without changing what they produce, each against its serial
 form in the same run (docs/testbed.md, wall time):
 
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --sequences 100
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo   # + the evaluation
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo --rl-steps 12 --stages rl
+    PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo --opd-steps 8 --stages opd
 
 1. The flawed teacher's demonstrations through the native harness: one process against two, on
    `--sequences` ledger-world sequences; the two files must be equal byte for byte.
@@ -12,6 +13,9 @@ form in the same run (docs/testbed.md, wall time):
 3. With `--rl-steps N` too: RL from the demo's OPD checkpoint (N steps), then the evaluation of every
    writer, against the same RL with the writers that do not wait for it evaluated beside it and only
    RL's banks built after it (as `make demo` runs them); the bank metrics must be equal.
+4. With `--opd-steps N` too: OPD from the demo's student (N steps, no held-out evaluation) with 4 rollout
+   workers against 8 (one per rollout, so the engine batches all of a step's rollouts); every step's
+   training metrics must be equal (each rollout's sampling is seeded by itself, not by its batch).
 """
 
 from __future__ import annotations
@@ -130,12 +134,51 @@ def bench_rl_overlap(tmp: Path, root: Path, steps: int) -> None:
     )
 
 
+def bench_opd_workers(tmp: Path, root: Path, steps: int) -> None:
+    secs, metrics = {}, {}
+    for workers in (4, 8):
+        out = tmp / f"opd_w{workers}"
+        t = time.perf_counter()
+        _run(
+            [
+                "-m",
+                "hymem_train.opd",
+                "+exp=demo_opd",
+                f"data.path={root}/data/prompts/native",
+                "data.eval_path=''",
+                "run.seed=0",
+                f"teacher.path={root}/sft/final",
+                f"init_checkpoint={root}/student_init/final",
+                f"run.output_dir={out}",
+                f"num_steps={steps}",
+                f"save_every={steps}",
+                f"rollout.num_workers={workers}",
+                "logging.wandb_mode=disabled",
+            ],
+            tmp / f"opd_w{workers}.log",
+        )
+        secs[workers] = time.perf_counter() - t
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        metrics[workers] = [
+            {k: v for k, v in r.items() if k.startswith(("train/", "distill/"))} for r in rows
+        ]
+    if metrics[4] != metrics[8]:
+        raise SystemExit("the OPD training metrics differ between 4 and 8 rollout workers")
+    print(
+        f"OPD ({steps} steps, no held-out evaluation): 4 rollout workers {secs[4]:.1f} s, 8 workers "
+        f"{secs[8]:.1f} s, ratio {secs[4] / secs[8]:.2f}x (the same training metrics at every step)"
+    )
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sequences", type=int, default=100)
     ap.add_argument("--demo-root", default="", help="a finished make demo: also time its evaluation")
     ap.add_argument("--rl-steps", type=int, default=0, help="with --demo-root: also time RL + evaluation")
-    ap.add_argument("--stages", default="demonstrations,evaluation,rl", help="which of the three to run")
+    ap.add_argument(
+        "--opd-steps", type=int, default=0, help="with --demo-root: also time OPD's rollout workers"
+    )
+    ap.add_argument("--stages", default="demonstrations,evaluation,rl,opd", help="which of the four to run")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_demo_"))
     try:
@@ -146,5 +189,7 @@ if __name__ == "__main__":
             bench_evaluation(tmp, Path(args.demo_root).resolve())
         if args.demo_root and args.rl_steps and "rl" in stages:
             bench_rl_overlap(tmp, Path(args.demo_root).resolve(), args.rl_steps)
+        if args.demo_root and args.opd_steps and "opd" in stages:
+            bench_opd_workers(tmp, Path(args.demo_root).resolve(), args.opd_steps)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

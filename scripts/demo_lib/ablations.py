@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hymem_train.evaluation.config import WriterConfig
+from hymem_train.evaluation.matrix import writer_identity
 from scripts.demo_lib.pipeline import _run, growth_overrides
 
 # Bumped when what a finished run means changes, so an old run is re-run rather than reused.
@@ -192,7 +194,10 @@ def run_table(
     def one(task) -> None:
         a, seed, run_dir, cmd = task
         # the recipe file too: a run from the demo's earlier RL settings (its lr) is not reused
-        key = json.dumps({"run_version": RUN_VERSION, "cmd": cmd[1:], "recipe": RECIPE.read_text()})
+        # and the checkpoints it starts from: a demo retrained under the same root keeps every path
+        key = json.dumps(
+            {"run_version": RUN_VERSION, "cmd": cmd[1:], "recipe": RECIPE.read_text(), "from": starts}
+        )
         stamp = run_dir / "ablation_key.json"
         if _finished(run_dir, steps) and stamp.exists() and stamp.read_text() == key:
             return
@@ -210,6 +215,10 @@ def run_table(
         (run_dir / "wall_seconds").write_text(f"{time.perf_counter() - t0:.1f}")
         stamp.write_text(key)
 
+    starts = [
+        writer_identity(WriterConfig(name=n, checkpoint=str(p)))
+        for n, p in ((START, _start_checkpoint(root)), ("sft_student", root / "student_init" / "final"))
+    ]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(one, tasks))  # re-raises the first failure
     for a, seed, run_dir, _ in tasks:

@@ -104,8 +104,8 @@ def test_runner_micro_scale_table_shape(tmp_path):
     assert "| no_traps | false_memory_resistance |" in text  # its registered metric, one seed: no verdict
     writers = json.loads((arr / "eval" / "seed0" / "ablation_eval_key.json").read_text())["writers"]
     assert f"{{name: no_traps, checkpoint: '{moved}/final'}}" in writers
-    # a run from an older run version, or from another RL recipe (the demo's lr changed), is re-run from
-    # scratch, not reused
+    # a run from an older run version, from another RL recipe (the demo's lr changed), or from another
+    # OPD checkpoint at the same path (the demo retrained) is re-run from scratch, not reused
     stamp = base_dir / "ablation_key.json"
     kept = tmp_path / "kept_run"
     shutil.copytree(base_dir, kept)
@@ -118,10 +118,14 @@ def test_runner_micro_scale_table_shape(tmp_path):
     other = tmp_path / "demo_rl.yaml"
     other.write_text(ab.RECIPE.read_text().replace("lr: 1.0e-4", "lr: 3.0e-4"))
     assert other.read_text() != ab.RECIPE.read_text()
-    for stale in ("recipe", "run_version"):
-        if stale == "run_version":
+    for stale in ("recipe", "run_version", "start"):
+        if stale != "recipe":
             shutil.copytree(kept, base_dir)
+        if stale == "run_version":
             stamp.write_text(stamp.read_text().replace(ab.RUN_VERSION, "v1"))
+        if stale == "start":  # the demo retrained in place: same paths, another OPD checkpoint
+            weights = next((root / "opd" / "final").glob("*.safetensors"))
+            weights.write_bytes(weights.read_bytes())
         recipe = other if stale == "recipe" else ab.RECIPE
         with (
             unittest.mock.patch.object(ab.subprocess, "run", fail),

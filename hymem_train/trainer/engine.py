@@ -220,7 +220,7 @@ class Trainer:
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0) + v.detach().double().cpu()
         # without ZeRO DeepSpeed clips the fp32 grads but records no global norm (get_global_grad_norm
-        # is None): measure it here, before the step clips it, so stage 0 logs the same metric
+        # is None): measure it here, before the step reduces and clips them, so stage 0 logs the same metric
         pre_norm = self._plain_grad_norm() if self.cfg.zero_stage == 0 else None
         lr = float(self.scheduler.get_last_lr()[0])  # the rate this step uses; engine.step moves it on
         self.engine.step()
@@ -292,11 +292,20 @@ class Trainer:
         return box[0]
 
     def _plain_grad_norm(self) -> float:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
+        params = list(self.model.parameters())
+        if all(p.grad is None for p in params):
             return 0.0
-        # stage 0 all-reduces the grads in backward: every rank holds the same (full) gradient
-        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+        if self.world_size == 1:
+            return float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+        # stage 0 reduces the gradients inside engine.step (managed_gradient_accumulation is off), so each
+        # rank holds only its own share here: the norm that DeepSpeed clips is the norm of their mean
+        # (each share is already scaled by the world size, see PolicyLoss.loss_scale). A parameter without
+        # a gradient on this rank (an expert no token of its share chose) counts as zeros.
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+        torch.distributed.all_reduce(flat)
+        return float(flat.div_(self.world_size).norm())
 
     # ---- checkpoint / weight sync -------------------------------------------------------------------
     def save(self, save_dir: str, client_state: dict | None = None) -> str:

@@ -319,6 +319,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         'ident["files"] = []',
         ("tests/evaluation/test_evaluate.py::test_a_checkpoint_retrained_in_place_is_another_writer",),
     ),
+    Mutation(  # an ablation run reused after the demo it starts from was retrained under the same root
+        "ablation_reuse_ignores_start",
+        "scripts/demo_lib/ablations.py",
+        '"recipe": RECIPE.read_text(), "from": starts}',
+        '"recipe": RECIPE.read_text()}',
+        ("tests/stages/test_ablations.py::test_runner_micro_scale_table_shape",),
+        slow=True,
+    ),
+    Mutation(  # several ranks at ZeRO stage 0 log a rank's own gradient share as the step's norm
+        "grad_norm_local_share",
+        "hymem_train/trainer/engine.py",
+        "        if self.world_size == 1:\n            return float(torch.nn.utils.get_total_norm",
+        "        if True:\n            return float(torch.nn.utils.get_total_norm",
+        ("tests/trainer/test_engine_dist.py::test_zero_stage0_matches_zero3_and_resumes",),
+        slow=True,
+    ),
     Mutation(  # the stage's swap evaluation samples at the rollouts' temperature again
         "eval_swap_training_decoding",
         "hymem_train/callbacks/swap_eval.py",

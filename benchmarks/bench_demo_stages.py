@@ -4,7 +4,7 @@ form in the same run (docs/testbed.md, wall time):
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --sequences 100
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo   # + the evaluation
     PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo --rl-steps 12 --stages rl
-    PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo --opd-steps 8 --stages opd
+    PYTHONPATH=. python benchmarks/bench_demo_stages.py --demo-root runs/demo --opd-steps 16 --stages opd
 
 1. The flawed teacher's demonstrations through the native harness: one process against two, on
    `--sequences` ledger-world sequences; the two files must be equal byte for byte.
@@ -14,8 +14,9 @@ form in the same run (docs/testbed.md, wall time):
    writer, against the same RL with the writers that do not wait for it evaluated beside it and only
    RL's banks built after it (as `make demo` runs them); the bank metrics must be equal.
 4. With `--opd-steps N` too: OPD from the demo's student (N steps, the held-out evaluation at the first
-   and the last, as the demo runs it) with 4 rollout workers against 8 (one per rollout, so the engine batches all of a step's rollouts); every step's
-   training metrics must be equal (each rollout's sampling is seeded by itself, not by its batch).
+   and the last, as the demo runs it) with 4 rollout workers against 8 (one per rollout, so the engine
+   batches all of a step's rollouts); every step's training metrics must be equal (each rollout's
+   sampling is seeded by itself, not by its batch). Use 16 steps or more: 8 Ray actors start once.
 """
 
 from __future__ import annotations

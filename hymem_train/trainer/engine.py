@@ -300,7 +300,8 @@ class Trainer:
         # stage 0 reduces the gradients inside engine.step (managed_gradient_accumulation is off), so each
         # rank holds only its own share here: the norm that DeepSpeed clips is the norm of their mean
         # (each share is already scaled by the world size, see PolicyLoss.loss_scale). A parameter without
-        # a gradient on this rank (an expert no token of its share chose) counts as zeros.
+        # a gradient on this rank (an expert no token of its share chose) counts as zeros. The cost, one
+        # more all-reduce of the gradients per step, is paid only here: multi-rank runs default to stage 3.
         flat = torch.cat(
             [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
         )

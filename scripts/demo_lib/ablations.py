@@ -76,6 +76,9 @@ PREDICTED = {
     "counterfactual_orm": Prediction(
         "history_kept", "0", "credit reaches the overwriting chunk, but no writer keeps a history"
     ),
+    "no_prm": Prediction(
+        "false_memory_resistance", "-", "without the per-chunk probes no term scores a chunk's small talk"
+    ),
     "format_only": Prediction(
         "false_memory_resistance", "-", "well-formedness does not tell small talk from facts"
     ),

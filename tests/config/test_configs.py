@@ -134,6 +134,7 @@ ABLATION_KNOBS = {
     "broadcast_orm": "reward.scoring.orm_mode",
     "counterfactual_orm": "reward.scoring.orm_mode",  # beyond the report: leave-one-chunk-out credit
     "no_traps": "reward.scoring.use_traps",
+    "no_prm": "reward.scoring.w_prm",  # beyond the report: the outcome reward alone
     "no_growth_penalty": "reward.scoring.use_growth_penalty",
     "binary_reward": "reward.scoring.score_mode",
     "format_only": "reward.scoring.score_mode",  # the control: well-formedness is the whole reward

@@ -157,6 +157,21 @@ def test_format_only_control_scores_well_formedness_and_nothing_else():
     assert cfg(score_mode="format_only").report_protocol().score_mode == "rubric"
 
 
+def test_outcome_only_arm_scores_orm_and_penalty_without_probes():
+    """The no_prm arm (w_prm=0): r0 and r1 differ on chunk 0's recall and trap probes, which must not
+    reach the score; only the attributed ORM and the penalty do."""
+    g = score_group(group(), SRC, cfg(w_prm=0.0), "native")
+    assert g.prm_GC[:2] == [[0.5, 0.5], [0.5, 0.5]]  # still measured, for the logs
+    assert g.s_GC[0] == pytest.approx([2.0, 2.0 - 0.3 * P]) and g.s_GC[1] == pytest.approx([0.0, 2.0])
+    rs = group()
+    rs[1].recovered_QF = [[True, True]]  # r1 now recovers the question too, with r0's bank sizes,
+    rs[1].size_tokens_C = [1024, 3072]
+    rs[1].trap_z_CP = [[0.0], []]  # and fails chunk 0's trap: its prm there is 0 against r0's 0.5
+    tied = score_group(rs, SRC, cfg(w_prm=0.0), "native")
+    assert tied.prm_GC[1][0] == 0.0 and col(tied.adv_GC, 0) == [0.0, 0.0, 0.0]
+    assert col(score_group(rs, SRC, cfg(), "native").adv_GC, 0)[0] > 0  # the report's weights see it
+
+
 def test_group_with_one_valid_rollout_gets_zero_advantage():
     rs = group()
     rs[1] = JudgedRollout("platform_error", [[], []], [[], []], [None], None, [None, None])

@@ -32,6 +32,12 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="runs/ablations")
     ap.add_argument("--table", default="", help="the table's markdown (default: <out>/table.md)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--identical-seeds",
+        type=int,
+        default=1,
+        help="seeds for the arms registered identical to the baseline by construction (one shows it)",
+    )
     ap.add_argument("--steps", type=int, default=24, help="RL steps per run (the demo's RL: 24)")
     ap.add_argument(
         "--jobs", type=int, default=2, help="RL runs at a time, each with cores/jobs torch threads"
@@ -47,7 +53,12 @@ if __name__ == "__main__":
 
     if args.plan_array:
         path = plan_array(
-            Path(args.out), base=args.base, seeds=args.seeds, only=args.only, sft_init=args.sft_init
+            Path(args.out),
+            base=args.base,
+            seeds=args.seeds,
+            only=args.only,
+            sft_init=args.sft_init,
+            identical_seeds=args.identical_seeds,
         )
         print(len(path.read_text().splitlines()))  # the array's size, for the submit script
         sys.exit(0)
@@ -65,6 +76,7 @@ if __name__ == "__main__":
         steps=args.steps,
         only=args.only,
         jobs=args.jobs,
+        identical_seeds=args.identical_seeds,
     )
     print(
         write_table(

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from scripts.demo_lib.ablations import BASELINE, PREDICTED, Ablation, verdicts, write_table
+from scripts.demo_lib.ablations import (
+    BASELINE,
+    MANIFEST,
+    PREDICTED,
+    Ablation,
+    plan_array,
+    verdicts,
+    write_table,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ablation_predictions.md"
 # how the registered page names each metric of reward/bank_metrics.py
@@ -78,9 +86,27 @@ def test_verdicts_pair_by_seed_and_judge_the_registered_sign(tmp_path):
     text = write_table([base, no_traps, same], tmp_path / "t.md", steps=24, seeds=3, wall_s=60.0)
     row = next(r for r in text.splitlines() if r.startswith("| no_traps | false_memory_resistance"))
     assert "| 3 | - | - | yes |" in row
-    # one seed: no interval, so no verdict either way
-    one = verdicts([_arm(BASELINE, [_m(0.5)]), _arm("no_traps", [_m(0.2)])])
+    # one seed: no interval, so no verdict either way; an identical-by-construction arm is still judged
+    one = verdicts([_arm(BASELINE, [_m(0.5)]), _arm("no_traps", [_m(0.2)]), _arm("binary_reward", [_m(0.5)])])
     assert math.isnan(one[0].half) and one[0].held == "n/a"
+    assert one[1].seeds == 1 and one[1].held == "yes"
+    one = verdicts([_arm(BASELINE, [_m(0.5)]), _arm("binary_reward", [_m(0.5, recall=0.2)])])
+    assert one[0].held == "no"
+
+
+def test_identical_arms_run_one_seed_unless_asked(tmp_path):
+    """An arm registered identical by construction runs one seed (an exact equality needs no spread);
+    every other arm runs them all."""
+
+    def planned(**kw):
+        plan_array(tmp_path, base="demo_rl", seeds=3, only=[BASELINE, "binary_reward", "no_traps"], **kw)
+        return [tuple(r.split("\t")[:2]) for r in (tmp_path / MANIFEST).read_text().splitlines()]
+
+    assert PREDICTED["binary_reward"].identical and not PREDICTED["no_traps"].identical
+    got = planned()
+    assert got.count(("binary_reward", "0")) == 1 and len([r for r in got if r[0] == "binary_reward"]) == 1
+    assert len([r for r in got if r[0] == "no_traps"]) == 3 and len([r for r in got if r[0] == BASELINE]) == 3
+    assert len([r for r in planned(identical_seeds=3) if r[0] == "binary_reward"]) == 3
 
 
 def test_a_metric_with_nothing_to_count_drops_that_seed_not_the_table(tmp_path):

@@ -335,6 +335,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/trainer/test_engine_dist.py::test_zero_stage0_matches_zero3_and_resumes",),
         slow=True,
     ),
+    Mutation(  # the no_prm arm's weight never reaches the score: the arm would be the baseline
+        "prm_weight_ignored",
+        "reward/scoring.py",
+        "w_prm=cfg.w_prm, w_orm",
+        "w_prm=1.0, w_orm",
+        ("tests/reward/test_reward_scoring.py::test_outcome_only_arm_scores_orm_and_penalty_without_probes",),
+    ),
+    Mutation(  # an arm registered identical by construction runs every seed: the table's wall time grows
+        "identical_arms_every_seed",
+        "scripts/demo_lib/ablations.py",
+        "return range(min(seeds, identical_seeds) if p is not None and p.identical else seeds)",
+        "return range(seeds)",
+        ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
+    ),
     Mutation(  # the stage's swap evaluation samples at the rollouts' temperature again
         "eval_swap_training_decoding",
         "hymem_train/callbacks/swap_eval.py",

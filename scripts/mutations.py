@@ -8,6 +8,7 @@
 
 Each mutation replaces one exact snippet of one file by a broken one, runs its named pytest node ids,
 and restores the file (try/finally; at the end `git diff --quiet` must hold for every mutated file).
+It edits this checkout: a run started from it meanwhile (`make ablations` beside it) imports the mutant.
 A mutation is "caught" when every one of its named tests fails; it "survives" when any of them passes.
 The first line of each failure is printed, so a test that fails through an incidental crash (an
 AttributeError) instead of the guard's own error or number shows. Exit status 1 when any mutation

@@ -51,15 +51,9 @@ if __name__ == "__main__":
     args = ap.parse_args()
     from scripts.demo_lib.ablations import collect_array, plan_array, run_table, write_table
 
+    arms = {"seeds": args.seeds, "only": args.only, "identical_seeds": args.identical_seeds}
     if args.plan_array:
-        path = plan_array(
-            Path(args.out),
-            base=args.base,
-            seeds=args.seeds,
-            only=args.only,
-            sft_init=args.sft_init,
-            identical_seeds=args.identical_seeds,
-        )
+        path = plan_array(Path(args.out), base=args.base, sft_init=args.sft_init, **arms)
         print(len(path.read_text().splitlines()))  # the array's size, for the submit script
         sys.exit(0)
     if args.collect:
@@ -69,15 +63,7 @@ if __name__ == "__main__":
         sys.exit(0)
 
     t0 = time.perf_counter()
-    table = run_table(
-        Path(args.demo_root),
-        Path(args.out),
-        seeds=args.seeds,
-        steps=args.steps,
-        only=args.only,
-        jobs=args.jobs,
-        identical_seeds=args.identical_seeds,
-    )
+    table = run_table(Path(args.demo_root), Path(args.out), steps=args.steps, jobs=args.jobs, **arms)
     print(
         write_table(
             table,

@@ -82,6 +82,9 @@ PREDICTED = {
     "format_only": Prediction(
         "false_memory_resistance", "-", "well-formedness does not tell small talk from facts"
     ),
+    "four_rollouts": Prediction(
+        "false_memory_resistance", "-", "half the samples per step and more tied groups: less trap signal"
+    ),
 }
 
 
@@ -233,14 +236,32 @@ def run_table(
         writer_identity(WriterConfig(name=n, checkpoint=str(p)))
         for n, p in ((START, _start_checkpoint(root)), ("sft_student", root / "student_init" / "final"))
     ]
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        list(pool.map(one, tasks))  # re-raises the first failure
     for a, seed, run_dir, _ in tasks:
         a.runs[seed] = run_dir
+    held, start = root / "data" / "eval" / "native", _start_checkpoint(root)
+    # A seed's evaluation starts as soon as its runs have finished, beside the next seed's runs: an RL
+    # run leaves part of its core idle while its Ray actors hand rollouts back. Seed-major order makes
+    # the seeds finish one after another.
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, ThreadPoolExecutor(1) as evals:
+        runs = [(task[1], pool.submit(one, task)) for task in tasks]
+        evaluations = []
+        try:
+            for seed in sorted({s for s, _ in runs}):
+                for s, f in runs:
+                    if s == seed:
+                        f.result()  # re-raises the first failure
+                if evaluate:
+                    evaluations.append(evals.submit(evaluate_seed, table, seed, held, start, out))
+            for e in evaluations:
+                e.result()
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the runs not started yet are dropped, not run
+            raise
+    for a, _seed, run_dir, _ in tasks:
         wall = run_dir / "wall_seconds"
         a.seconds.append(float(wall.read_text()) if wall.exists() else float("nan"))
     if evaluate:
-        evaluate_seeds(table, root / "data" / "eval" / "native", _start_checkpoint(root), out)
+        evaluate_seeds(table, held, start, out)  # reads what the evaluations above wrote
     return table
 
 
@@ -251,58 +272,10 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) -> None:
     """Per seed, one writer-swap evaluation over the held-out data with the bounds, the OPD start and
-    every arm's final checkpoint; fills each arm's `metrics` and `zero_adv`. Reused while its writers
-    and their runs are unchanged."""
+    every arm's final checkpoint (`evaluate_seed`); fills each arm's `metrics` and `zero_adv`."""
     for seed in sorted({s for a in table for s in a.runs}):
         arms = [a for a in table if seed in a.runs]
-        writers = [
-            "{name: nothing, kind: empty}",
-            "{name: gold, kind: gold}",
-            f"{{name: {START}, checkpoint: '{start}'}}",
-            *(f"{{name: {a.name}, checkpoint: '{a.runs[seed]}/final'}}" for a in arms),
-        ]
-        ev = out / "eval" / f"seed{seed}"
-        key = json.dumps(
-            {
-                "writers": writers,
-                "data": str(held),
-                # evaluations cached under another writer decoding (before it followed the protocol) rerun
-                "writer_decoding": "protocol",
-                "runs": [
-                    (a.runs[seed] / "ablation_key.json").read_text()
-                    if (a.runs[seed] / "ablation_key.json").exists()
-                    else ""
-                    for a in arms
-                ],
-            }
-        )
-        doc = ev / "eval" / "bank_metrics.json"
-        if not (
-            doc.exists()
-            and (ev / "ablation_eval_key.json").exists()
-            and (ev / "ablation_eval_key.json").read_text() == key
-        ):
-            if ev.exists():
-                shutil.rmtree(ev)
-            print(f"  evaluation, seed {seed}: {len(arms)} arms + {START} on {held}", flush=True)
-            _run(
-                [
-                    "-m",
-                    "hymem_train.evaluate",
-                    "+exp=evaluate_demo",
-                    f"writers=[{', '.join(writers)}]",
-                    f"data.path={held}",
-                    f"run.output_dir={ev}",
-                    f"run.seed={seed}",
-                    "writer_decoding=protocol",
-                ],
-                out / "logs" / f"evaluate_seed{seed}.log",
-            )
-            (ev / "ablation_eval_key.json").write_text(key)
-        if not doc.exists():
-            raise RuntimeError(
-                f"{ev}: no bank metrics: {held} must be ledger-world data in the native harness"
-            )
+        doc = evaluate_seed(table, seed, held, start, out)
         vals = json.loads(doc.read_text())["harnesses"]["native"]["writers"]
         for a in arms:
             a.metrics[seed] = {m: v["value"] for m, v in vals[a.name].items()}
@@ -313,6 +286,59 @@ def evaluate_seeds(table: list[Ablation], held: Path, start: Path, out: Path) ->
             start_row = Ablation(START, "", [], skip_reason="the RL start, evaluated beside the arms")
             table.append(start_row)
         start_row.metrics[seed] = {m: v["value"] for m, v in vals[START].items()}
+
+
+def evaluate_seed(table: list[Ablation], seed: int, held: Path, start: Path, out: Path) -> Path:
+    """One seed's writer-swap evaluation of every arm with a run for it, beside the bounds and the OPD
+    start; its bank metrics' path. Reused while its writers and their runs are unchanged."""
+    arms = [a for a in table if seed in a.runs]
+    writers = [
+        "{name: nothing, kind: empty}",
+        "{name: gold, kind: gold}",
+        f"{{name: {START}, checkpoint: '{start}'}}",
+        *(f"{{name: {a.name}, checkpoint: '{a.runs[seed]}/final'}}" for a in arms),
+    ]
+    ev = out / "eval" / f"seed{seed}"
+    key = json.dumps(
+        {
+            "writers": writers,
+            "data": str(held),
+            # evaluations cached under another writer decoding (before it followed the protocol) rerun
+            "writer_decoding": "protocol",
+            "runs": [
+                (a.runs[seed] / "ablation_key.json").read_text()
+                if (a.runs[seed] / "ablation_key.json").exists()
+                else ""
+                for a in arms
+            ],
+        }
+    )
+    doc = ev / "eval" / "bank_metrics.json"
+    if not (
+        doc.exists()
+        and (ev / "ablation_eval_key.json").exists()
+        and (ev / "ablation_eval_key.json").read_text() == key
+    ):
+        if ev.exists():
+            shutil.rmtree(ev)
+        print(f"  evaluation, seed {seed}: {len(arms)} arms + {START} on {held}", flush=True)
+        _run(
+            [
+                "-m",
+                "hymem_train.evaluate",
+                "+exp=evaluate_demo",
+                f"writers=[{', '.join(writers)}]",
+                f"data.path={held}",
+                f"run.output_dir={ev}",
+                f"run.seed={seed}",
+                "writer_decoding=protocol",
+            ],
+            out / "logs" / f"evaluate_seed{seed}.log",
+        )
+        (ev / "ablation_eval_key.json").write_text(key)
+    if not doc.exists():
+        raise RuntimeError(f"{ev}: no bank metrics: {held} must be ledger-world data in the native harness")
+    return doc
 
 
 def _history(run_dir: Path) -> list[dict]:

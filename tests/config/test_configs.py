@@ -141,6 +141,7 @@ ABLATION_KNOBS = {
     "sft_init": "init_checkpoint",
     "single_harness": ("data.per_harness", "harnesses"),  # a harness is declared with its dataset
     "one_vote_loss": "trainer.loss.sequence_unit",
+    "four_rollouts": "rl.num_rollouts_per_window",  # beyond the report: half the GRPO group
 }
 
 

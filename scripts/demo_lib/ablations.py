@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,30 +240,43 @@ def run_table(
     for a, seed, run_dir, _ in tasks:
         a.runs[seed] = run_dir
     held, start = root / "data" / "eval" / "native", _start_checkpoint(root)
-    # A seed's evaluation starts as soon as its runs have finished, beside the next seed's runs: an RL
-    # run leaves part of its core idle while its Ray actors hand rollouts back. Seed-major order makes
-    # the seeds finish one after another.
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, ThreadPoolExecutor(1) as evals:
-        runs = [(task[1], pool.submit(one, task)) for task in tasks]
-        evaluations = []
-        try:
-            for seed in sorted({s for s, _ in runs}):
-                for s, f in runs:
-                    if s == seed:
-                        f.result()  # re-raises the first failure
-                if evaluate:
-                    evaluations.append(evals.submit(evaluate_seed, table, seed, held, start, out))
-            for e in evaluations:
-                e.result()
-        except BaseException:
-            pool.shutdown(cancel_futures=True)  # the runs not started yet are dropped, not run
-            raise
+    by_seed: dict[int, list] = {}
+    for task in tasks:
+        by_seed.setdefault(task[1], []).append(lambda task=task: one(task))
+    run_by_seed(
+        by_seed, jobs, (lambda seed: evaluate_seed(table, seed, held, start, out)) if evaluate else None
+    )
     for a, _seed, run_dir, _ in tasks:
         wall = run_dir / "wall_seconds"
         a.seconds.append(float(wall.read_text()) if wall.exists() else float("nan"))
     if evaluate:
         evaluate_seeds(table, held, start, out)  # reads what the evaluations above wrote
     return table
+
+
+def run_by_seed(
+    jobs_of: dict[int, list[Callable[[], None]]],
+    jobs: int,
+    after_seed: Callable[[int], None] | None = None,
+) -> None:
+    """Every seed's jobs, `jobs` at a time, in seed order. `after_seed(seed)` (one at a time, on its own
+    thread) starts as soon as that seed's jobs have finished, beside the later seeds' jobs: an RL run
+    leaves part of its core idle while its Ray actors hand rollouts back, and a seed's evaluation fills
+    it. The first failure drops the jobs not yet started and is re-raised."""
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, ThreadPoolExecutor(1) as after:
+        futures = {seed: [pool.submit(j) for j in jobs_of[seed]] for seed in sorted(jobs_of)}
+        started = []
+        try:
+            for seed, fs in futures.items():
+                for f in fs:
+                    f.result()
+                if after_seed is not None:
+                    started.append(after.submit(after_seed, seed))
+            for f in started:
+                f.result()
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def _finished(run_dir: Path, steps: int) -> bool:

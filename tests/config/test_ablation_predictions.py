@@ -4,6 +4,7 @@ with the interval's sign, paired by seed."""
 
 import math
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from scripts.demo_lib.ablations import (
     PREDICTED,
     Ablation,
     plan_array,
+    run_by_seed,
     verdicts,
     write_table,
 )
@@ -121,3 +123,37 @@ def test_a_metric_with_nothing_to_count_drops_that_seed_not_the_table(tmp_path):
     assert v.seeds == 2 and v.diff == 0.0 and v.base == pytest.approx(0.65)
     text = write_table([base, cf], tmp_path / "t.md", steps=24, seeds=3, wall_s=60.0)
     assert "| counterfactual_orm | `k` | 3 |" in text
+
+
+def test_a_seeds_evaluation_starts_beside_the_next_seeds_runs():
+    # seed 1's runs finish only once seed 0's evaluation has started: waiting for every run first
+    # (the table's old order) would time out here
+    evaluated = threading.Event()
+    order = []
+
+    def run(seed):
+        def job():
+            if seed == 1:
+                assert evaluated.wait(timeout=10), "seed 0's evaluation did not start beside seed 1's runs"
+            order.append(f"run{seed}")
+
+        return job
+
+    def after(seed):
+        order.append(f"eval{seed}")
+        evaluated.set()
+
+    run_by_seed({1: [run(1), run(1)], 0: [run(0), run(0)]}, jobs=2, after_seed=after)
+    assert order[:3] == ["run0", "run0", "eval0"] and sorted(order[3:]) == ["eval1", "run1", "run1"]
+    assert order[-1] == "eval1"
+
+
+def test_a_failed_run_drops_the_runs_not_started():
+    ran = []
+
+    def boom():
+        raise RuntimeError("exit 3")
+
+    with pytest.raises(RuntimeError, match="exit 3"):
+        run_by_seed({0: [boom], 1: [lambda: ran.append(1)]}, jobs=1, after_seed=ran.append)
+    assert ran == []  # neither seed 1's run nor seed 0's evaluation

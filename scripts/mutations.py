@@ -350,6 +350,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         "return range(seeds)",
         ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
     ),
+    Mutation(  # the table waits for every run before its first evaluation (about 8 min more on 2 cores)
+        "evaluations_after_every_run",
+        "scripts/demo_lib/ablations.py",
+        "            for seed, fs in futures.items():\n                for f in fs:\n                    f.result()\n"
+        "                if after_seed is not None:",
+        "            for fs in futures.values():\n                for f in fs:\n                    f.result()\n"
+        "            for seed in futures:\n                if after_seed is not None:",
+        (
+            "tests/config/test_ablation_predictions.py::test_a_seeds_evaluation_starts_beside_the_next_seeds_runs",
+        ),
+    ),
+    Mutation(  # a failed run leaves the queued runs to start anyway
+        "failed_run_keeps_the_queue",
+        "scripts/demo_lib/ablations.py",
+        "            pool.shutdown(cancel_futures=True)",
+        "            pass",
+        ("tests/config/test_ablation_predictions.py::test_a_failed_run_drops_the_runs_not_started",),
+    ),
     Mutation(  # the stage's swap evaluation samples at the rollouts' temperature again
         "eval_swap_training_decoding",
         "hymem_train/callbacks/swap_eval.py",

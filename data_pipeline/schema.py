@@ -19,8 +19,9 @@ anything the bank, the retrieval query or the answer model sees.
 
 Every record has `to_dict()` and a strict `from_dict(d, where=...)`: a missing, unknown or mistyped
 field raises RecordError naming `where` (file and record id) and the dotted field. Stored tables are
-Hugging Face datasets with the explicit `FEATURES[table]` below. Bump SCHEMA_VERSION on any change
-to a stored field.
+Hugging Face datasets with the explicit `FEATURES[table]` of data_pipeline/store.py (kept there so that
+importing these types does not import `datasets`: every RL rollout actor imports them, and `datasets`
+with pandas and pyarrow was most of its start-up). Bump SCHEMA_VERSION on any change to a stored field.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
-
-from datasets import Features, List, Value
 
 SCHEMA_VERSION = 1
 MAX_WINDOW_CHUNKS = 5  # report: RL windows hold at most 5 consecutive chunks of one sequence
@@ -355,106 +354,6 @@ def probe_id(sequence_id: str, chunk_index: int, k: int) -> str:
 def question_id(sequence_id: str, window_index: int, k: int) -> str:
     return f"{window_id(sequence_id, window_index)}/q{k:03d}"
 
-
-# ---------------------------------------------------------------------------------------------------
-# explicit HF Features of the stored tables
-
-_TURN = {
-    "turn_id": Value("string"),
-    "speaker": Value("string"),
-    "text": Value("string"),
-    "image_caption": Value("string"),
-    "has_answer": Value("bool"),
-}
-_STR_LIST = List(Value("string"))
-_INT_LIST = List(Value("int32"))
-
-FEATURES: dict[str, Features] = {
-    "sequences": Features(
-        {
-            "sequence_id": Value("string"),
-            "source": Value("string"),
-            "sessions": List(
-                {"session_id": Value("string"), "date": Value("string"), "turns": List(dict(_TURN))}
-            ),
-            "speakers": _STR_LIST,
-        }
-    ),
-    "chunks": Features(
-        {
-            "sequence_id": Value("string"),
-            "index": Value("int32"),
-            "turns": List(dict(_TURN)),
-            "date": Value("string"),
-            "session_ids": _STR_LIST,
-            "num_tokens": Value("int32"),
-            "session_starts": _INT_LIST,
-            "session_dates": _STR_LIST,
-        }
-    ),
-    "windows": Features(
-        {"sequence_id": Value("string"), "index": Value("int32"), "chunk_indices": _INT_LIST}
-    ),
-    "facts": Features(
-        {
-            "fact_id": Value("string"),
-            "sequence_id": Value("string"),
-            "chunk_index": Value("int32"),
-            "text": Value("string"),
-            "turn_ids": _STR_LIST,
-            "supersedes": Value("string"),
-        }
-    ),
-    "probes": Features(
-        {
-            "probe_id": Value("string"),
-            "sequence_id": Value("string"),
-            "chunk_index": Value("int32"),
-            "kind": Value("string"),
-            "question": Value("string"),
-            "reference": Value("string"),
-            "rubric": Value("string"),
-            "is_trap": Value("bool"),
-            "fact_ids": _STR_LIST,
-        }
-    ),
-    "orm_questions": Features(
-        {
-            "question_id": Value("string"),
-            "sequence_id": Value("string"),
-            "window_index": Value("int32"),
-            "question": Value("string"),
-            "answer": Value("string"),
-            "evidence_chunks": _INT_LIST,
-            "gold_facts": List(
-                {
-                    "fact": Value("string"),
-                    "source_chunk": Value("int32"),
-                    "fact_id": Value("string"),
-                    "answer": Value("string"),
-                }
-            ),
-            "rubric": Value("string"),
-        }
-    ),
-    "eval_items": Features(
-        {
-            "item_id": Value("string"),
-            "benchmark": Value("string"),
-            "sequence_id": Value("string"),
-            "question": Value("string"),
-            "answer": Value("string"),
-            "category": Value("string"),
-            "evidence_turn_ids": _STR_LIST,
-            "evidence_session_ids": _STR_LIST,
-            "evidence_chunks": _INT_LIST,
-            "is_trap": Value("bool"),
-            "adversarial_answer": Value("string"),
-            "question_date": Value("string"),
-            "evidence_issues": _STR_LIST,
-        }
-    ),
-}
 
 RECORD_TYPES: dict[str, type[Record]] = {
     "sequences": Sequence,

@@ -28,14 +28,115 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, load_from_disk
+from datasets import Dataset, Features, List, Value, load_from_disk
 
-from data_pipeline.schema import FEATURES, RECORD_TYPES, SCHEMA_VERSION, Manifest, Record, RecordError
+from data_pipeline.schema import RECORD_TYPES, SCHEMA_VERSION, Manifest, Record, RecordError
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 BUILD_INCOMPLETE = "BUILD_INCOMPLETE"  # <out_dir>/ marker: a build is renaming profiles into place
 BUILD_MANIFEST = "build.json"  # <out_dir>/ top-level manifest, written last: build id + its profiles
+
+# ---------------------------------------------------------------------------------------------------
+# explicit HF Features of the stored tables, one per data_pipeline.schema.RECORD_TYPES table (a change to
+# a stored field bumps schema.SCHEMA_VERSION)
+
+_TURN = {
+    "turn_id": Value("string"),
+    "speaker": Value("string"),
+    "text": Value("string"),
+    "image_caption": Value("string"),
+    "has_answer": Value("bool"),
+}
+_STR_LIST = List(Value("string"))
+_INT_LIST = List(Value("int32"))
+
+FEATURES: dict[str, Features] = {
+    "sequences": Features(
+        {
+            "sequence_id": Value("string"),
+            "source": Value("string"),
+            "sessions": List(
+                {"session_id": Value("string"), "date": Value("string"), "turns": List(dict(_TURN))}
+            ),
+            "speakers": _STR_LIST,
+        }
+    ),
+    "chunks": Features(
+        {
+            "sequence_id": Value("string"),
+            "index": Value("int32"),
+            "turns": List(dict(_TURN)),
+            "date": Value("string"),
+            "session_ids": _STR_LIST,
+            "num_tokens": Value("int32"),
+            "session_starts": _INT_LIST,
+            "session_dates": _STR_LIST,
+        }
+    ),
+    "windows": Features(
+        {"sequence_id": Value("string"), "index": Value("int32"), "chunk_indices": _INT_LIST}
+    ),
+    "facts": Features(
+        {
+            "fact_id": Value("string"),
+            "sequence_id": Value("string"),
+            "chunk_index": Value("int32"),
+            "text": Value("string"),
+            "turn_ids": _STR_LIST,
+            "supersedes": Value("string"),
+        }
+    ),
+    "probes": Features(
+        {
+            "probe_id": Value("string"),
+            "sequence_id": Value("string"),
+            "chunk_index": Value("int32"),
+            "kind": Value("string"),
+            "question": Value("string"),
+            "reference": Value("string"),
+            "rubric": Value("string"),
+            "is_trap": Value("bool"),
+            "fact_ids": _STR_LIST,
+        }
+    ),
+    "orm_questions": Features(
+        {
+            "question_id": Value("string"),
+            "sequence_id": Value("string"),
+            "window_index": Value("int32"),
+            "question": Value("string"),
+            "answer": Value("string"),
+            "evidence_chunks": _INT_LIST,
+            "gold_facts": List(
+                {
+                    "fact": Value("string"),
+                    "source_chunk": Value("int32"),
+                    "fact_id": Value("string"),
+                    "answer": Value("string"),
+                }
+            ),
+            "rubric": Value("string"),
+        }
+    ),
+    "eval_items": Features(
+        {
+            "item_id": Value("string"),
+            "benchmark": Value("string"),
+            "sequence_id": Value("string"),
+            "question": Value("string"),
+            "answer": Value("string"),
+            "category": Value("string"),
+            "evidence_turn_ids": _STR_LIST,
+            "evidence_session_ids": _STR_LIST,
+            "evidence_chunks": _INT_LIST,
+            "is_trap": Value("bool"),
+            "adversarial_answer": Value("string"),
+            "question_date": Value("string"),
+            "evidence_issues": _STR_LIST,
+        }
+    ),
+}
 
 
 def _umask() -> int:

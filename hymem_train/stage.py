@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from data_pipeline.stats import REPORT_COLUMNS, format_table, of_tables
 from harnesses.base import Endpoint
 from hymem_train.callbacks import Callbacks
 from hymem_train.callbacks.bank_sizes import BankSizeLog
@@ -287,8 +288,6 @@ def log_data_table(datasets: HarnessDatasets, run_dir: Path) -> str:
     """The reward-data statistics of what the stage trains on, one row per harness configuration in the
     report's layout; logged at start-up and written to `<run>/data_stats.md`. Under the data.path
     shorthand every row is the whole shared dataset (its sequences are split over the harnesses)."""
-    from data_pipeline.stats import REPORT_COLUMNS, format_table, of_tables
-
     rows = [of_tables(h, d.tables) for h, d in datasets.by_harness.items()]
     note = "\n\n(data.path shorthand: one dataset, sequences bound to harnesses round-robin)\n"
     table = format_table(rows, REPORT_COLUMNS) + (note if datasets.round_robin else "\n")

@@ -353,3 +353,19 @@ def test_imports_inside_functions_defer_a_package():
             if not (theirs - mine) and i.importer not in their_modules:
                 bad.append(f"{i.path}:{i.line}: {i.text}  (loads nothing {i.importer} does not: move it up)")
     assert not bad, "imports inside functions that defer nothing:\n" + "\n".join(sorted(set(bad)))
+
+
+# Ray starts one rollout actor per rollout in flight (16 per step in the CPU recipe), and each imports the
+# worker's module path at start-up: a heavy package there is paid that many times per RL run.
+ROLLOUT_ACTOR_FORBIDDEN = frozenset({"datasets", "pandas", "pyarrow", "torch", "transformers"})
+
+
+def test_the_rollout_actor_imports_no_heavy_package():
+    edges: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        if not i.in_function and not i.type_checking:
+            edges.setdefault(i.importer, set()).update(_runs(i))
+    third, _ = _loads("hymem_train.rollout.worker", edges, MODULES)
+    assert not third & ROLLOUT_ACTOR_FORBIDDEN, (
+        f"importing hymem_train.rollout.worker loads {sorted(third & ROLLOUT_ACTOR_FORBIDDEN)}"
+    )

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from data_pipeline.source_gold import FRAMEWORKS
 from harnesses.registry import HarnessConfig
 from reward.config import LlmClientConfig
 
@@ -173,8 +174,6 @@ def check_gold_harnesses(writers: list[WriterConfig], harnesses: dict[str, Harne
     """The gold writer answers the write prompts of the native harness, mem0 and hy-memory's chat scene
     only (data_pipeline/source_gold.py; its data is checked with the plan, once the data is read:
     matrix.check_bound_writers)."""
-    from data_pipeline.source_gold import FRAMEWORKS
-
     gold = [w.name for w in writers if w.kind == "gold"]
     other = {
         h: f"{c.framework}/{c.scene}"

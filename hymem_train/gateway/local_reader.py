@@ -13,6 +13,7 @@ from typing import Any
 
 from hymem_train.engines import build_engine
 from hymem_train.engines.config import EngineConfig
+from hymem_train.engines.instrument import InstrumentReaderEngine
 from hymem_train.engines.serving import build_served_engine, engine_model_cfg
 from hymem_train.gateway.config import GatewayConfig
 from hymem_train.gateway.runner import GatewayServer
@@ -42,8 +43,6 @@ def start_instrument_server(
     """An instrument reader (`kind`: reader_kind extractive or lexical; no model) behind the same frozen
     gateway as `start_frozen_server`: the same client path, an answer extracted from the prompt's
     records. `tokenizer` applies the chat template and decodes the prompt."""
-    from hymem_train.engines.instrument import InstrumentReaderEngine
-
     engine = InstrumentReaderEngine(tokenizer, max_model_len=max_model_len, kind=kind)
     return _serve(engine, tokenizer, served_model_name, host)
 

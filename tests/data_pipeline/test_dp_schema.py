@@ -10,7 +10,6 @@ from datasets import load_from_disk
 
 from data_pipeline import store
 from data_pipeline.schema import (
-    FEATURES,
     NO_SUCH_RECORD,
     SCHEMA_VERSION,
     Chunk,
@@ -26,6 +25,7 @@ from data_pipeline.schema import (
     Turn,
     Window,
 )
+from data_pipeline.store import FEATURES
 
 
 def _probe(**kw):

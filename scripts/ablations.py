@@ -40,7 +40,11 @@ if __name__ == "__main__":
     )
     ap.add_argument("--steps", type=int, default=24, help="RL steps per run (the demo's RL: 24)")
     ap.add_argument(
-        "--jobs", type=int, default=2, help="RL runs at a time, each with cores/jobs torch threads"
+        "--jobs",
+        type=int,
+        default=2,
+        # two saturate 2 cores (their Ray actors included); three were no faster (docs/performance.md)
+        help="RL runs at a time, each with cores/jobs torch threads",
     )
     ap.add_argument("--only", nargs="*", help="ablation names (baseline, no_traps, ...)")
     ap.add_argument("--plan-array", action="store_true", help="write the job array's tasks (slurm/)")

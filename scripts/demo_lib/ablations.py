@@ -86,6 +86,9 @@ PREDICTED = {
     "four_rollouts": Prediction(
         "false_memory_resistance", "-", "half the samples per step and more tied groups: less trap signal"
     ),
+    "strong_growth_penalty": Prediction(
+        "bank_records", "-", "ten times the penalty on writes that more than double a bank: fewer records"
+    ),
 }
 
 

@@ -142,6 +142,7 @@ ABLATION_KNOBS = {
     "single_harness": ("data.per_harness", "harnesses"),  # a harness is declared with its dataset
     "one_vote_loss": "trainer.loss.sequence_unit",
     "four_rollouts": "rl.num_rollouts_per_window",  # beyond the report: half the GRPO group
+    "strong_growth_penalty": "reward.scoring.w_pen",  # beyond the report: ten times the penalty's weight
 }
 
 

@@ -350,7 +350,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "return range(seeds)",
         ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
     ),
-    Mutation(  # the table waits for every run before its first evaluation (about 8 min more on 2 cores)
+    Mutation(  # every rollout actor imports datasets, pandas and pyarrow again at start-up
+        "rollout_actor_imports_datasets",
+        "data_pipeline/schema.py",
+        "from typing import Any, ClassVar, TypeVar\n",
+        "from typing import Any, ClassVar, TypeVar\n\nimport datasets  # noqa: F401\n",
+        ("tests/test_layering.py::test_the_rollout_actor_imports_no_heavy_package",),
+    ),
+    Mutation(  # the table waits for every run before its first evaluation
         "evaluations_after_every_run",
         "scripts/demo_lib/ablations.py",
         "            for seed, fs in futures.items():\n                for f in fs:\n                    f.result()\n"

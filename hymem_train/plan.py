@@ -424,11 +424,12 @@ def make_plan(cfg: StageConfig) -> Plan:
         rollouts = r.num_windows_per_step * r.num_rollouts_per_window
         batch = f"rl.num_windows_per_step {r.num_windows_per_step} x rl.num_rollouts_per_window "
         batch += str(r.num_rollouts_per_window)
-    in_flight = min(cfg.rollout.num_workers, rollouts)  # RolloutPool runs num_workers tasks at once
+    slots = cfg.rollout.num_workers * cfg.rollout.rollouts_per_worker  # RolloutPool's tasks at once
+    in_flight = min(slots, rollouts)
     notes: list[str] = []
     if in_flight < rollouts:
         notes.append(
-            f"rollout.num_workers={cfg.rollout.num_workers} < {rollouts} rollouts per step: they run in "
+            f"rollout.num_workers x rollouts_per_worker = {slots} < {rollouts} rollouts per step: they run in "
             f"{math.ceil(rollouts / in_flight)} waves, the engines batch only {in_flight} at a time"
         )
     # vLLM's async engine takes each call as it arrives (gateway.batcher.Continuous): no batch cap
@@ -663,7 +664,7 @@ def format_plan(p: Plan) -> str:
         f"  rollouts per step: {p.batch} = {p.rollouts_per_step}",
         f"  per optimizer update: {p.rollouts_per_update} over {p.train_ranks} trainer ranks = "
         f"{p.rollouts_per_update / p.train_ranks:g} per rank",
-        f"  in flight: min(rollout.num_workers, {p.rollouts_per_step}) = {p.in_flight}; per policy replica: "
+        f"  in flight: min(rollout.num_workers x rollouts_per_worker, {p.rollouts_per_step}) = {p.in_flight}; per policy replica: "
         f"{p.seqs_per_policy_replica:g}",
     ]
     if p.memory:

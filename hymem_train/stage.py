@@ -236,6 +236,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | No
                 spread=cfg.rollout.spread_workers,
                 max_restarts=cfg.rollout.max_worker_restarts,
                 on_lost=stage.gateway.forget,
+                rollouts_per_worker=cfg.rollout.rollouts_per_worker,
             )
         stage.collector = RolloutCollector(
             pool, stage.dataset, lineage, run_dir, keep_rollout_dirs=cfg.rollout.keep_rollout_dirs

@@ -350,6 +350,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "return range(seeds)",
         ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
     ),
+    Mutation(  # an actor running several rollouts is counted dead (and replaced) once per rollout it ran
+        "actor_death_counted_per_rollout",
+        "hymem_train/rollout/pool.py",
+        "        if gen != self.gens[k]:\n            return SEEN\n",
+        "",
+        ("tests/rollout/test_actor_slots.py::test_a_death_reported_by_each_of_its_rollouts_counts_once",),
+    ),
     Mutation(  # every rollout actor imports datasets, pandas and pyarrow again at start-up
         "rollout_actor_imports_datasets",
         "data_pipeline/schema.py",

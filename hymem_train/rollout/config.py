@@ -28,9 +28,13 @@ class FaultConfig:
 
 @dataclass
 class RolloutConfig:
-    num_workers: int = 8  # concurrent rollouts (Ray actors, or threads when use_ray=false)
+    num_workers: int = 8  # Ray actors (threads when use_ray=false), each running rollouts_per_worker
     use_ray: bool = True  # false: threads in the driver (debugging); the same worker code either way
     num_cpus_per_worker: float = 0.25  # Ray CPU reservation per worker (workers mostly wait on HTTP)
+    # rollouts one worker runs at once, on threads (Ray's max_concurrency): num_workers x this are in
+    # flight. Each Ray worker is a process whose start-up costs a few CPU seconds, so fewer workers
+    # running several rollouts each start faster on a small box
+    rollouts_per_worker: int = 1
     # Ray custom resources per worker, e.g. {rollout: 1}: workers go only to nodes started with that
     # resource (`ray start --resources='{"rollout": 64}'`), away from the engines' nodes
     ray_resources: dict[str, float] = field(default_factory=dict)
@@ -48,6 +52,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.mode={self.mode!r}: want train, rollout_only or train_only")
         if self.num_workers < 1:
             raise ValueError("rollout.num_workers must be >= 1")
+        if self.rollouts_per_worker < 1:
+            raise ValueError(f"rollout.rollouts_per_worker={self.rollouts_per_worker}: must be >= 1")
         if self.max_worker_restarts < 0:
             raise ValueError(f"rollout.max_worker_restarts={self.max_worker_restarts}: must be >= 0")
         if any(v <= 0 for v in self.ray_resources.values()):

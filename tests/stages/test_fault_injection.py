@@ -70,6 +70,11 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
             "rollout.faults.foreign_identity=[0]",
             'rollout.faults.kill_worker=["3:0"]',
             "rollout.max_worker_restarts=8",
+            # one rollout per actor, so the killed worker takes only rollout 3 with it (with several per
+            # actor it takes its neighbours too: tests/rollout/test_actor_slots.py)
+            "rollout.num_workers=8",
+            "rollout.rollouts_per_worker=1",
+            "rollout.num_cpus_per_worker=0.09",
         ]
         log = root / "rl_faults.log"
         with log.open("w") as f:

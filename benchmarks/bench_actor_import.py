@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bench_actor_import.py [--repeats 8]
 
-Ray starts one rollout actor per rollout in flight (16 per step in the CPU recipe, so 16 per RL run and
-about 500 per `make ablations`), and each imports `hymem_train.rollout.worker`. That path used to load
+Every Ray rollout actor (`rollout.num_workers` per RL run: 16 in the CPU recipe when this was measured,
+4 now) imports `hymem_train.rollout.worker`. That path used to load
 `datasets` (with pandas and pyarrow) for the HF Features of the stored tables, which now live in
 data_pipeline/store.py. This times `--repeats` fresh interpreters importing the worker's module as it is
 now, against the same with `datasets` imported first (what the path loaded before), alternating the two,
@@ -61,7 +61,7 @@ def main() -> None:
         f"CPU s per import, median of {args.repeats}: with datasets (before) {m_before:.2f}, now {m_now:.2f}"
     )
     print(
-        f"ratio before / now: {m_before / m_now:.2f}x; per RL run of 16 actors: {16 * (m_before - m_now):.1f} CPU s less"
+        f"ratio before / now: {m_before / m_now:.2f}x; per 16 actors: {16 * (m_before - m_now):.1f} CPU s less"
     )
 
 

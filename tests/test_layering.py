@@ -355,8 +355,8 @@ def test_imports_inside_functions_defer_a_package():
     assert not bad, "imports inside functions that defer nothing:\n" + "\n".join(sorted(set(bad)))
 
 
-# Ray starts one rollout actor per rollout in flight (16 per step in the CPU recipe), and each imports the
-# worker's module path at start-up: a heavy package there is paid that many times per RL run.
+# Every Ray rollout actor (rollout.num_workers per RL run; up to one per rollout in flight) imports the
+# worker's module path at start-up: a heavy package there is paid that many times per run.
 ROLLOUT_ACTOR_FORBIDDEN = frozenset({"datasets", "pandas", "pyarrow", "torch", "transformers"})
 
 

@@ -115,3 +115,48 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
 
 def _native_cfg():
     return NativeConfig(num_context_memories=6, max_tokens=24)  # as configs/exp/demo_rl.yaml, with COMMON
+
+
+def test_a_dying_actor_of_several_rollouts_loses_them_all_as_platform_errors(assets, stage):
+    """The demo's RL runs 4 rollouts per Ray actor: the process killed under rollout 3 takes the rollouts
+    sharing its actor with it. Each is a platform_error (silent failure platform-error-as-reward), none
+    is trained on or promoted, and the actor is replaced once, so the run finishes."""
+    out = assets["root"] / "rl_actor_death"
+    cmd = [
+        sys.executable,
+        "-m",
+        "hymem_train.rl",
+        "+exp=demo_rl",
+        f"data.path={assets['train']}",
+        f"run.output_dir={out}",
+        "data.eval_path=",
+        "reader_kind=model",
+        f"reader_model.path={assets['teacher']}",
+        "init_checkpoint=",
+        *stage.COMMON,
+        "rl.num_rollouts_per_window=4",
+        "rl.num_windows_per_step=2",
+        "num_steps=2",
+        "save_every=1",
+        'rollout.faults.kill_worker=["3:0"]',
+        "rollout.max_worker_restarts=8",
+        "rollout.num_workers=2",
+        "rollout.rollouts_per_worker=4",
+        "rollout.num_cpus_per_worker=0.2",
+    ]
+    log = assets["root"] / "rl_actor_death.log"
+    with log.open("w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900)
+    assert r.returncode == 0, log.read_text()[-4000:]
+    m = stage.metrics(out)
+    for s in (m[1], m[2]):
+        lost = s["rollout/lost_worker_rollouts"]
+        assert lost > 2  # more than the two rollouts 3: their actor's other rollouts went with it
+        assert s["rollout/platform_error_rollouts"] >= lost
+        assert s["reward/excluded_rollout_share"] == pytest.approx(s["rollout/platform_error_rollouts"] / 8)
+    from hymem_train.rollout.lineage import BankLineage
+
+    lineage = BankLineage(out, lambda name: NativeHarness(None, _native_cfg()))
+    for b in lineage.banks.values():
+        assert b.source_trajectory.rsplit("-", 1)[-1] != "r3"
+        lineage.verify(b)

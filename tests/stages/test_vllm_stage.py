@@ -72,6 +72,9 @@ def test_opd_then_rl_run_with_vllm(assets, stage, tmp_path):
         "trainer.routing_replay=false",
         "cluster.placement.policy_replicas=2",
         "cluster.placement.cpus_per_replica=0.5",
+        # two replicas at 0.5 and the reward actor leave 0.5 of the 2 CPUs to the rollout actors;
+        # demo_rl's 0.36 each would fail the capacity check before any actor starts
+        "rollout.num_cpus_per_worker=0.25",
     )
     stage.run(cmd, tmp_path / "rl_vllm.log", env=env)
     where = json.loads((rl / "placement.json").read_text())

@@ -65,11 +65,18 @@ class StageConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     num_steps: int = 100  # optimizer steps of this stage
-    save_every: int = 10  # checkpoint (and held-out evaluation) every N steps, and at the end
+    save_every: int = 10  # checkpoint every N steps, and at the end
+    # held-out evaluation (data.eval_path) at step 0, every N steps and at the end; 0 = every save_every
+    eval_every: int = 0
     # the policy's start: an HF directory (<run>/final) or a DeepSpeed step checkpoint
     # (<run>/checkpoints/step_N, architecture from that run's config.yaml); "" = model config
     init_checkpoint: str = ""
     swap_eval: StageSwapEval = field(default_factory=StageSwapEval)  # the writer-swap matrix every N steps
+
+    def evaluates_at(self, step: int) -> bool:
+        """The held-out evaluation's schedule: step 0 (the start), every eval_every steps (0: every
+        save_every) and the last step."""
+        return step % (self.eval_every or self.save_every) == 0 or step == self.num_steps
 
     def validate(self) -> None:
         self.data.validate(list(self.harnesses))
@@ -90,6 +97,8 @@ class StageConfig:
                 )
         if self.num_steps < 1 or self.save_every < 1:
             raise ValueError("num_steps and save_every must be >= 1")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0 = every save_every), got {self.eval_every}")
         if (
             self.cluster.placement.mode == "colocated"
             and self.engine.kind == "vllm"

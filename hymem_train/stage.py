@@ -301,12 +301,12 @@ def end_step(
     stage: Stage, step: int, m: dict[str, float], evaluate: Callable[[int], dict[str, float]]
 ) -> bool:
     """The tail of every stage step: (driver) drop the step's rollout banks and evaluate on the
-    save_every schedule; (every rank) checkpoint, log. Returns whether a preemption request stopped the
+    eval_every schedule; (every rank) checkpoint, log. Returns whether a preemption request stopped the
     job here (the step is checkpointed; the loop returns without exporting)."""
     cfg, timer = stage.cfg, stage.timer
     if stage.is_driver:
         stage.collector.clean(step)
-        if stage.eval_dataset is not None and (step % cfg.save_every == 0 or step == cfg.num_steps):
+        if stage.eval_dataset is not None and cfg.evaluates_at(step):
             with timer("eval"):
                 m.update(evaluate(step))
     with timer("checkpoint"):

@@ -104,3 +104,14 @@ def test_colocated_vllm_on_a_cpu_cluster_is_refused():
         to_typed(
             compose("opd", ["+exp=demo_opd", "cluster.placement.mode=colocated", "engine=vllm"]), OpdConfig
         )
+
+
+def test_eval_every_thins_the_held_out_evaluation_not_the_checkpoints():
+    cfg = to_typed(
+        compose("rl", ["+exp=demo_rl", "num_steps=24", "save_every=12", "eval_every=24"]), RlConfig
+    )
+    assert [s for s in range(25) if cfg.evaluates_at(s)] == [0, 24]
+    cfg = to_typed(compose("rl", ["+exp=demo_rl", "num_steps=10", "save_every=4", "eval_every=0"]), RlConfig)
+    assert [s for s in range(11) if cfg.evaluates_at(s)] == [0, 4, 8, 10]  # 0: with every checkpoint
+    with pytest.raises(ValueError, match="eval_every must be >= 0"):
+        to_typed(compose("rl", ["+exp=demo_rl", "eval_every=-1"]), RlConfig)

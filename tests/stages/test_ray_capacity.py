@@ -25,7 +25,7 @@ def test_too_small_local_cluster_raises_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     check_ray_capacity(_rl())  # the shipped demo fits 2 CPUs
-    check_ray_capacity(to_typed(compose("opd", ["+exp=demo_opd"]), OpdConfig))  # 8 workers x 0.25: 2 CPUs
+    check_ray_capacity(to_typed(compose("opd", ["+exp=demo_opd"]), OpdConfig))  # 2 workers x 0.5: 1 CPU
     with pytest.raises(
         ValueError, match=r"reserve 4\.5 CPUs .* has 2: the actors that do not fit would wait"
     ):

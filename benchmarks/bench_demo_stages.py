@@ -154,6 +154,10 @@ def bench_opd_workers(tmp: Path, root: Path, steps: int) -> None:
                 f"num_steps={steps}",
                 f"save_every={steps}",
                 f"rollout.num_workers={workers}",
+                # one rollout per actor, as this comparison was made (the demo now runs 2 actors x 4:
+                # benchmarks/bench_rollout_actors.py compares actor counts)
+                "rollout.rollouts_per_worker=1",
+                "rollout.num_cpus_per_worker=0.25",
                 "logging.wandb_mode=disabled",
             ],
             tmp / f"opd_w{workers}.log",

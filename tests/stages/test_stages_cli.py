@@ -102,14 +102,20 @@ def test_rl_kill9_then_resume_reproduces_the_uninterrupted_run(assets, stage, op
         path = out / "scheduler.json"
         return path.exists() and any(json.loads(path.read_text())["cursor"].values())
 
-    # step 1's checkpoint follows its training and eval, seconds after its windows advanced
+    # step 1's checkpoint follows its training, seconds after its windows advanced
     kill_when(advanced, "rl_killed_before_checkpoint")
     assert not (ckpt / "latest").exists()
-    # DeepSpeed creates `latest`, then writes the tag into it: wait for the tag
-    kill_when(
-        lambda: (ckpt / "latest").exists() and (ckpt / "latest").read_text().strip() == "step_1",
-        "rl_killed_after_checkpoint",
-    )
+
+    # DeepSpeed creates `latest`, then writes the tag into it: wait for the tag, and for step 1's metrics
+    # line, which the stage writes after the checkpoint (a kill between the two loses that line: the
+    # resumed run starts at step 2)
+    def step_1_done() -> bool:
+        if not ((ckpt / "latest").exists() and (ckpt / "latest").read_text().strip() == "step_1"):
+            return False
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return any(line.startswith('{"step": 1,') for line in lines)
+
+    kill_when(step_1_done, "rl_killed_after_checkpoint")
     assert not (out / "final").exists()
     stage.run(stage.cmd("rl", assets, out, *args), root / "rl_resumed.log", env=env)
 

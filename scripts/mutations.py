@@ -357,6 +357,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "",
         ("tests/rollout/test_actor_slots.py::test_a_death_reported_by_each_of_its_rollouts_counts_once",),
     ),
+    Mutation(  # the held-out evaluation follows the checkpoints again, whatever eval_every says
+        "eval_every_ignored",
+        "hymem_train/run_config.py",
+        "return step % (self.eval_every or self.save_every) == 0 or step == self.num_steps",
+        "return step % self.save_every == 0 or step == self.num_steps",
+        (
+            "tests/config/test_stage_schema.py::test_eval_every_thins_the_held_out_evaluation_not_the_checkpoints",
+        ),
+    ),
     Mutation(  # every rollout actor imports datasets, pandas and pyarrow again at start-up
         "rollout_actor_imports_datasets",
         "data_pipeline/schema.py",

@@ -20,6 +20,28 @@ from tests.doubles.openai_server import HttpFailure, StandInServer
 pytestmark = pytest.mark.slow
 
 
+def _rl_cmd(assets, stage, out, *extra: str) -> list[str]:
+    """Two RL steps of 2 windows x 4 rollouts from a fresh tiny policy, the model reader, no held-out set."""
+    return [
+        sys.executable,
+        "-m",
+        "hymem_train.rl",
+        "+exp=demo_rl",
+        f"data.path={assets['train']}",
+        f"run.output_dir={out}",
+        "data.eval_path=",
+        "reader_kind=model",
+        f"reader_model.path={assets['teacher']}",
+        "init_checkpoint=",
+        *stage.COMMON,
+        "rl.num_rollouts_per_window=4",
+        "rl.num_windows_per_step=2",
+        "num_steps=2",
+        "save_every=1",
+        *extra,
+    ]
+
+
 def _judge():
     lock, n = threading.Lock(), [0]
 
@@ -43,24 +65,12 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
     root = assets["root"]
     out = root / "rl_faults"
     with StandInServer(_judge()) as judge:
-        cmd = [
-            sys.executable,
-            "-m",
-            "hymem_train.rl",
-            "+exp=demo_rl",
-            f"data.path={assets['train']}",
-            f"run.output_dir={out}",
-            "data.eval_path=",
-            "reader_kind=model",
-            f"reader_model.path={assets['teacher']}",
-            "init_checkpoint=",
-            *stage.COMMON,
+        cmd = _rl_cmd(
+            assets,
+            stage,
+            out,
             "harnesses.native.in_process=false",  # a sandbox process to kill
             "harnesses.native.num_retries=1",
-            "rl.num_rollouts_per_window=4",
-            "rl.num_windows_per_step=2",
-            "num_steps=2",
-            "save_every=1",
             "reward.judge_kind=llm",
             f"reward.judge.base_url={judge.base_url}",
             "reward.judge.model=judge",
@@ -75,7 +85,7 @@ def test_rl_run_classifies_and_counts_injected_faults(assets, stage):
             "rollout.num_workers=8",
             "rollout.rollouts_per_worker=1",
             "rollout.num_cpus_per_worker=0.09",
-        ]
+        )
         log = root / "rl_faults.log"
         with log.open("w") as f:
             r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900)
@@ -122,28 +132,16 @@ def test_a_dying_actor_of_several_rollouts_loses_them_all_as_platform_errors(ass
     sharing its actor with it. Each is a platform_error (silent failure platform-error-as-reward), none
     is trained on or promoted, and the actor is replaced once, so the run finishes."""
     out = assets["root"] / "rl_actor_death"
-    cmd = [
-        sys.executable,
-        "-m",
-        "hymem_train.rl",
-        "+exp=demo_rl",
-        f"data.path={assets['train']}",
-        f"run.output_dir={out}",
-        "data.eval_path=",
-        "reader_kind=model",
-        f"reader_model.path={assets['teacher']}",
-        "init_checkpoint=",
-        *stage.COMMON,
-        "rl.num_rollouts_per_window=4",
-        "rl.num_windows_per_step=2",
-        "num_steps=2",
-        "save_every=1",
+    cmd = _rl_cmd(
+        assets,
+        stage,
+        out,
         'rollout.faults.kill_worker=["3:0"]',
         "rollout.max_worker_restarts=8",
         "rollout.num_workers=2",
         "rollout.rollouts_per_worker=4",
         "rollout.num_cpus_per_worker=0.2",
-    ]
+    )
     log = assets["root"] / "rl_actor_death.log"
     with log.open("w") as f:
         r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900)

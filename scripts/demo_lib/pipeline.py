@@ -200,6 +200,7 @@ def run_demo(
     num_train_sequences: int = 500,
     num_prompt_sequences: int = 96,
     num_eval_sequences: int = 24,
+    num_final_eval_sequences: int = 96,
     num_chunks: int = 6,
     pretrain_documents: int = 4000,
     teacher_epochs: int = 4,
@@ -210,11 +211,18 @@ def run_demo(
     extra: dict[str, list[str]] | None = None,
 ) -> dict:
     """The whole tiny pipeline; each stage is the real entry point in its own process. `data_seed` draws
-    the data (and the pretraining corpus), `run_seed` every training run's seeds: a seed pair."""
+    the data (and the pretraining corpus), `run_seed` every training run's seeds: a seed pair. The
+    stages evaluate on `num_eval_sequences` held-out sequences; the final evaluation reads those and more
+    drawn from the same seed, `num_final_eval_sequences` in all (`final_eval_data`)."""
     extra = extra or {}
     if not 1 <= student_epochs < teacher_epochs:
         raise ValueError(
             f"student_epochs={student_epochs}: want 1 <= student_epochs < teacher_epochs={teacher_epochs}"
+        )
+    if num_final_eval_sequences < num_eval_sequences:
+        raise ValueError(
+            f"num_final_eval_sequences={num_final_eval_sequences}: want >= num_eval_sequences="
+            f"{num_eval_sequences} (the final evaluation reads the stages' held-out sequences and more)"
         )
     root = Path(root)
     t0 = time.perf_counter()
@@ -229,21 +237,14 @@ def run_demo(
     held = build_data(
         root / "data" / "eval", num_sequences=num_eval_sequences, seed=data_seed + 1000, **sizes
     )
+    final = final_eval_data(root, num_final_eval_sequences)
     timings["data"] = time.perf_counter() - t0
 
     print("[2/8] the flawed teacher's demonstrations through the native harness; probe leakage", flush=True)
     t = time.perf_counter()
     counts = teacher_demonstrations(train, root / "sft" / "demos.jsonl", demo_harness(), TEACHER_FLAWS)
     print(f"      {counts['writer_segments']} writer segments", flush=True)
-    # probes the reader answers from an empty bank measure nothing about the writer (reward/leakage.py)
-    _run(
-        ["-m", "reward.leakage", str(prompts), str(held), "--reader", "extractive"],
-        root / "logs" / "leakage.log",
-    )
-    counts["leaked"] = {
-        name: json.loads((p / "leakage.json").read_text())["leaked_share"]
-        for name, p in (("prompts", prompts), ("eval", held))
-    }
+    counts["leaked"] = probe_leakage(root, {"prompts": prompts, "eval": held, "final_eval": final})
     counts["pretrain_tokens"] = pretraining_data(
         root / "pretrain" / "data.jsonl", pretrain_documents, seed=data_seed
     )
@@ -343,7 +344,7 @@ def run_demo(
     # SFT, OPD and the teacher are read beside it; the evaluation after RL reuses their cached banks
     # (greedy decoding: the same table as one evaluation of every writer; tests/evaluation)
     early_log = root / "logs" / "evaluate_beside_rl.log"
-    early = _start(_evaluate_args(root, held, run_seed, extra.get("eval", []), skip=("rl",)), early_log)
+    early = _start(_evaluate_args(root, final, run_seed, extra.get("eval", []), skip=("rl",)), early_log)
     try:
         _run(
             [
@@ -371,11 +372,12 @@ def run_demo(
     )
     t = time.perf_counter()
     _wait(early, early_log)  # the time it runs past RL counts as the evaluation's
-    evaluate_writers(root, held, run_seed, extra.get("eval", []))
+    evaluate_writers(root, final, run_seed, extra.get("eval", []))
     timings["evaluate"] = time.perf_counter() - t
     print("[8/8] report", flush=True)
     timings["total"] = time.perf_counter() - t0
     counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
+    counts["final_eval_sequences"] = num_final_eval_sequences
     counts["student_epochs"], counts["teacher_epochs"] = student_epochs, teacher_epochs
     counts["prompt_sequences"], counts["data_seed"], counts["run_seed"] = (
         num_prompt_sequences,
@@ -409,19 +411,60 @@ def evaluate_writers(root: Path, held: Path, run_seed: int, extra: list[str]) ->
     _run(_evaluate_args(root, held, run_seed, extra), root / "logs" / "evaluate.log")
 
 
-def reevaluate(root: str | Path) -> dict:
+def probe_leakage(root: Path, splits: dict[str, Path]) -> dict[str, float]:
+    """Each split's share of probes the reader answers from an empty bank: those measure nothing about the
+    writer, and the stages and the evaluation drop them (reward/leakage.py)."""
+    _run(
+        ["-m", "reward.leakage", *map(str, splits.values()), "--reader", "extractive"],
+        root / "logs" / f"leakage_{'_'.join(splits)}.log",
+    )
+    return {k: json.loads((p / "leakage.json").read_text())["leaked_share"] for k, p in splits.items()}
+
+
+def final_eval_data(root: Path, num_sequences: int) -> Path:
+    """The final evaluation's held-out sequences: the stages' (`data/eval`) and more, drawn by the same
+    synthetic config but for the count. The ledger world draws sequence by sequence, so the first of
+    them are the stages' (tests/stages/test_demo_pipeline.py checks it)."""
+    held = root / "data" / "eval" / "native"
+    syn = json.loads((held / "manifest.json").read_text())["config"]["data"]["synthetic"]
+    if num_sequences < syn["num_sequences"]:
+        raise ValueError(
+            f"num_final_eval_sequences={num_sequences}: want >= the {syn['num_sequences']} held-out "
+            f"sequences of {held} (the final evaluation reads those and more)"
+        )
+    out = root / "data" / "final_eval"
+    shutil.rmtree(out, ignore_errors=True)  # rebuilt whole: the same sequences every time
+    return build_data(
+        out,
+        num_sequences=num_sequences,
+        seed=syn["seed"],
+        num_chunks=syn["num_chunks_per_sequence"],
+        window=syn["num_chunks_per_window"],
+        unique_names=syn["unique_person_names"],
+        world=syn["world"],
+    )
+
+
+def reevaluate(root: str | Path, num_final_eval_sequences: int = 96) -> dict:
     """A finished demo evaluated again (its evaluation and report only, nothing retrained): after a change
     to the evaluation, the same checkpoints read under it. The old table is replaced once the new one is
-    done; an evaluation that fails leaves the old one in place."""
+    done; an evaluation that fails leaves the old one in place. The final evaluation's held-out set is
+    built again from the stages' (`final_eval_data`), so a demo from before it had one gets it too."""
     root = Path(root)
     old = json.loads((root / "report.json").read_text())
+    t = time.perf_counter()
+    final = final_eval_data(root, num_final_eval_sequences)
+    counts = {
+        **old["counts"],
+        "final_eval_sequences": num_final_eval_sequences,
+        "leaked": {**old["counts"].get("leaked", {}), **probe_leakage(root, {"final_eval": final})},
+    }
     swap, previous = root / "swap", root / "swap.previous"
     shutil.rmtree(previous, ignore_errors=True)
     if swap.exists():
         swap.rename(previous)  # its cache was built under the old evaluation: not resumed
-    t = time.perf_counter()
     try:
-        evaluate_writers(root, root / "data" / "eval" / "native", old["counts"]["run_seed"], [])
+        evaluate_writers(root, final, counts["run_seed"], [])
     except BaseException:
         shutil.rmtree(swap, ignore_errors=True)
         if previous.exists():
@@ -434,7 +477,7 @@ def reevaluate(root: str | Path) -> dict:
         "evaluate": took,
         "total": old["timings"]["total"] - old["timings"]["evaluate"] + took,
     }
-    return write_report(root, old["counts"], timings)
+    return write_report(root, counts, timings)
 
 
 # the model writers of the table, in the order the recipe predicts them to improve (checkpoint dirs)
@@ -632,7 +675,9 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         "",
         f"data (ledger world, data seed {counts.get('data_seed', 0)}, run seed {counts.get('run_seed', 0)}): "
         f"{counts['train_sequences']} demonstration sequences, {counts.get('prompt_sequences', 0)} OPD/RL prompt "
-        f"sequences, {counts['eval_sequences']} held-out sequences; {counts['writer_segments']} teacher "
+        f"sequences, {counts['eval_sequences']} held-out sequences for the stages and "
+        f"{counts.get('final_eval_sequences', counts['eval_sequences'])} (those and more) for the final "
+        f"evaluation; {counts['writer_segments']} teacher "
         f"demonstrations ({flaws})",
         f"pretraining stand-in: {counts.get('pretrain_documents', 0)} copy-episode documents, "
         f"{counts.get('pretrain_tokens', 0)} tokens; probes leaked from an empty bank: "

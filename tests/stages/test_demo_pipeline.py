@@ -18,6 +18,7 @@ from scripts.demo_lib.pipeline import (
     TEACHER_FLAWS,
     build_data,
     demo_harness,
+    final_eval_data,
     first_last,
     gain_decomposition,
     growth_overrides,
@@ -63,6 +64,20 @@ def test_teacher_demonstrations_write_each_chunk_with_the_planted_flaws_in_any_n
     assert gold["oracle_add"] == sum(
         len(gold_records(cs)) for cs in chunks.values()
     )  # one ADD per gold record
+
+
+def test_the_final_evaluation_reads_the_stages_held_out_sequences_and_more(tmp_path):
+    """The final evaluation's set extends the stages' held-out set (same config, more sequences): its first
+    sequences are the stages' to the record, so a demo's stage-time figures and its final table share them."""
+    held = BuiltDataset(_ledger(tmp_path / "data" / "eval", 2, 1000))
+    final = BuiltDataset(final_eval_data(tmp_path, 4))
+    for table in ("sequences", "chunks", "probes", "orm_questions"):
+        rows = [r.model_dump() if hasattr(r, "model_dump") else r for r in final.tables[table]]
+        first = [r.model_dump() if hasattr(r, "model_dump") else r for r in held.tables[table]]
+        assert rows[: len(first)] == first and len(rows) > len(first), table
+    assert len(final.tables["sequences"]) == 4
+    with pytest.raises(ValueError, match="num_final_eval_sequences=1: want >= the 2 held-out sequences"):
+        final_eval_data(tmp_path, 1)
 
 
 def test_prompt_split_is_disjoint_from_the_demonstrations(tmp_path):
@@ -216,6 +231,8 @@ def test_a_failed_reevaluation_leaves_the_old_table(tmp_path, monkeypatch):
         raise RuntimeError("evaluation failed")
 
     monkeypatch.setattr("scripts.demo_lib.pipeline._run", fails)
+    monkeypatch.setattr("scripts.demo_lib.pipeline.final_eval_data", lambda root, n: root)
+    monkeypatch.setattr("scripts.demo_lib.pipeline.probe_leakage", lambda root, splits: {"final_eval": 0.0})
     with pytest.raises(RuntimeError, match="evaluation failed"):
         reevaluate(tmp_path)
     old_table = tmp_path / "swap" / "eval" / "table.md"

@@ -194,6 +194,21 @@ def _run(args: list[str], log_path: Path) -> None:
     _wait(_start(args, log_path), log_path)
 
 
+def _beside(side: list[str], side_log: Path, main: list[str], main_log: Path) -> float:
+    """`main` run with `side` started beside it; a failing `main` kills `side`, a failing `side` fails the
+    demo. Returns the seconds `side` ran past `main`."""
+    proc = _start(side, side_log)
+    try:
+        _run(main, main_log)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    t = time.perf_counter()
+    _wait(proc, side_log)
+    return time.perf_counter() - t
+
+
 def run_demo(
     root: str | Path = "runs/demo",
     *,
@@ -314,9 +329,19 @@ def run_demo(
     timings["sft"] = time.perf_counter() - t
 
     common = [f"data.path={prompts}", f"data.eval_path={held}", f"run.seed={run_seed}"]
-    print("[5/8] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd)", flush=True)
+    ev = extra.get("eval", [])
+    print(
+        "[5/8] OPD: student <- teacher (python -m hymem_train.opd +exp=demo_opd); the bounds, the SFT student "
+        "and the teacher are evaluated beside it",
+        flush=True,
+    )
     t = time.perf_counter()
-    _run(
+    # OPD leaves about a third of the two cores idle and RL about a quarter, so each writer is read as soon
+    # as it exists, beside the next stage; the evaluation after RL reuses their cached banks (greedy
+    # decoding: the same table as one evaluation of every writer; tests/evaluation)
+    waited = _beside(
+        _evaluate_args(root, final, run_seed, ev, skip=("opd", "rl")),
+        root / "logs" / "evaluate_beside_opd.log",
         [
             "-m",
             "hymem_train.opd",
@@ -329,41 +354,33 @@ def run_demo(
         ],
         root / "logs" / "opd.log",
     )
-    timings["opd"] = time.perf_counter() - t
+    timings["opd"] = time.perf_counter() - t - waited
 
     # The growth penalty's bounds from the OPD student's own writes, as docs/reward.md prescribes
     growth, counts["growth_bounds"] = growth_overrides(root / "opd")
     print(f"      {counts['growth_bounds']}", flush=True)
     print(
-        "[6/8] RL: chunk-level GRPO, extractive reader (python -m hymem_train.rl +exp=demo_rl); the writers "
-        "that do not wait for it are evaluated beside it",
+        "[6/8] RL: chunk-level GRPO, extractive reader (python -m hymem_train.rl +exp=demo_rl); the OPD "
+        "student is evaluated beside it",
         flush=True,
     )
     t = time.perf_counter()
-    # RL keeps about one of the two cores busy (its rollouts decode one window at a time), so the bounds,
-    # SFT, OPD and the teacher are read beside it; the evaluation after RL reuses their cached banks
-    # (greedy decoding: the same table as one evaluation of every writer; tests/evaluation)
-    early_log = root / "logs" / "evaluate_beside_rl.log"
-    early = _start(_evaluate_args(root, final, run_seed, extra.get("eval", []), skip=("rl",)), early_log)
-    try:
-        _run(
-            [
-                "-m",
-                "hymem_train.rl",
-                "+exp=demo_rl",
-                *common,
-                f"init_checkpoint={root}/opd/final",
-                f"run.output_dir={root}/rl",
-                *growth,
-                *extra.get("rl", []),
-            ],
-            root / "logs" / "rl.log",
-        )
-    except BaseException:
-        early.kill()
-        early.wait()
-        raise
-    timings["rl"] = time.perf_counter() - t
+    waited_rl = _beside(
+        _evaluate_args(root, final, run_seed, ev, skip=("rl",)),
+        root / "logs" / "evaluate_beside_rl.log",
+        [
+            "-m",
+            "hymem_train.rl",
+            "+exp=demo_rl",
+            *common,
+            f"init_checkpoint={root}/opd/final",
+            f"run.output_dir={root}/rl",
+            *growth,
+            *extra.get("rl", []),
+        ],
+        root / "logs" / "rl.log",
+    )
+    timings["rl"] = time.perf_counter() - t - waited_rl
 
     print(
         "[7/8] writer-swap table and bank metrics: bounds, students, teacher (python -m hymem_train.evaluate "
@@ -371,9 +388,9 @@ def run_demo(
         flush=True,
     )
     t = time.perf_counter()
-    _wait(early, early_log)  # the time it runs past RL counts as the evaluation's
-    evaluate_writers(root, final, run_seed, extra.get("eval", []))
-    timings["evaluate"] = time.perf_counter() - t
+    evaluate_writers(root, final, run_seed, ev)
+    # the time the side evaluations ran past their stages counts as the evaluation's
+    timings["evaluate"] = time.perf_counter() - t + waited + waited_rl
     print("[8/8] report", flush=True)
     timings["total"] = time.perf_counter() - t0
     counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences

@@ -5,6 +5,7 @@ checks its predictions against the paired bank-metric differences."""
 
 import json
 import random
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from scripts.demo_lib.pipeline import (
     GAIN_CLASSES,
     PREDICTIONS,
     TEACHER_FLAWS,
+    _beside,
     build_data,
     demo_harness,
     final_eval_data,
@@ -238,3 +240,22 @@ def test_a_failed_reevaluation_leaves_the_old_table(tmp_path, monkeypatch):
     old_table = tmp_path / "swap" / "eval" / "table.md"
     assert old_table.exists() and old_table.read_text() == "the old table"
     assert not (tmp_path / "swap.previous").exists()
+
+
+def test_a_side_evaluation_dies_with_its_stage_and_fails_the_demo_on_its_own(tmp_path):
+    """The demo reads each writer beside the next stage: a failing stage stops its side process, and a
+    failing side process fails the demo after the stage, naming its own log."""
+    ok = ["-c", "pass"]
+    marker = tmp_path / "side_ran_on"
+    with pytest.raises(RuntimeError, match="exit 3"):
+        _beside(
+            ["-c", f"import time; time.sleep(2); open({str(marker)!r}, 'w')"],
+            tmp_path / "side.log",
+            ["-c", "raise SystemExit(3)"],
+            tmp_path / "stage.log",
+        )
+    time.sleep(3)
+    assert not marker.exists()  # killed, not left running
+    with pytest.raises(RuntimeError, match="side_fails.log"):
+        _beside(["-c", "raise SystemExit(5)"], tmp_path / "side_fails.log", ok, tmp_path / "stage.log")
+    assert _beside(ok, tmp_path / "side.log", ok, tmp_path / "stage.log") >= 0.0

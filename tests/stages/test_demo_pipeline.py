@@ -213,13 +213,16 @@ def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
 
 def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path):
     """The student is the teacher's SFT stopped early: an epoch count that is not earlier is refused
-    before any stage runs."""
+    before any stage runs, as is a final evaluation smaller than the stages' held-out set."""
     for k in (0, 3, 4):
         with pytest.raises(
             ValueError, match=f"student_epochs={k}: want 1 <= student_epochs < teacher_epochs=3"
         ):
             run_demo(tmp_path, student_epochs=k, teacher_epochs=3)
     assert not any(tmp_path.iterdir())  # nothing was built
+    with pytest.raises(ValueError, match="num_final_eval_sequences=8: want >= num_eval_sequences=24"):
+        run_demo(tmp_path, num_eval_sequences=24, num_final_eval_sequences=8)
+    assert not any(tmp_path.iterdir())  # refused before any data is drawn
 
 
 def test_a_failed_reevaluation_leaves_the_old_table(tmp_path, monkeypatch):

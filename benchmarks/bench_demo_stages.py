@@ -197,6 +197,8 @@ if __name__ == "__main__":
     )
     ap.add_argument("--stages", default="demonstrations,evaluation,rl,opd", help="which of the four to run")
     args = ap.parse_args()
+    if len(args.builds.split(",")) < 2:
+        ap.error(f"--builds {args.builds}: want at least two counts, the first the baseline")
     tmp = Path(tempfile.mkdtemp(prefix="bench_demo_"))
     try:
         stages = args.stages.split(",")

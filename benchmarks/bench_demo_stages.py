@@ -35,10 +35,9 @@ from pathlib import Path
 from scripts.demo_lib.pipeline import (
     DEMO_WRITERS,
     TEACHER_FLAWS,
+    _beside,
     _evaluate_args,
     _run,
-    _start,
-    _wait,
     build_data,
     demo_harness,
     growth_overrides,
@@ -126,9 +125,7 @@ def bench_rl_overlap(tmp: Path, root: Path, steps: int) -> None:
         if mode == "serial":
             _run(rl, run / "rl.log")
         else:
-            early = _start(_evaluate_args(run, held, 0, [], skip=("rl",)), run / "early.log")
-            _run(rl, run / "rl.log")
-            _wait(early, run / "early.log")
+            _beside(_evaluate_args(run, held, 0, [], skip=("rl",)), run / "early.log", rl, run / "rl.log")
         _run(_evaluate_args(run, held, 0, []), run / "evaluate.log")
         secs[mode] = time.perf_counter() - t
         metrics[mode] = json.loads((run / "swap" / "eval" / "bank_metrics.json").read_text())["harnesses"]

@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/ablations.py                       # 3 seeds x 24 RL steps (the demo's RL length)
     .venv/bin/python scripts/ablations.py --only baseline no_traps --seeds 2 --jobs 2
+    .venv/bin/python scripts/ablations.py --only baseline no_traps --seeds 16 --first-seed 10   # fresh seeds
 
 Writes runs/ablations/ (one run directory per ablation and seed, and one writer-swap evaluation per
 seed under eval/; finished runs and evaluations are reused) and the table to runs/ablations/table.md +
@@ -33,6 +34,12 @@ if __name__ == "__main__":
     ap.add_argument("--table", default="", help="the table's markdown (default: <out>/table.md)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="run.seed of the first seed (a design read on fresh seeds starts past those already run)",
+    )
+    ap.add_argument(
         "--identical-seeds",
         type=int,
         default=1,
@@ -55,7 +62,12 @@ if __name__ == "__main__":
     args = ap.parse_args()
     from scripts.demo_lib.ablations import collect_array, plan_array, run_table, write_table
 
-    arms = {"seeds": args.seeds, "only": args.only, "identical_seeds": args.identical_seeds}
+    arms = {
+        "seeds": args.seeds,
+        "only": args.only,
+        "identical_seeds": args.identical_seeds,
+        "first_seed": args.first_seed,
+    }
     if args.plan_array:
         path = plan_array(Path(args.out), base=args.base, sft_init=args.sft_init, **arms)
         print(len(path.read_text().splitlines()))  # the array's size, for the submit script
@@ -75,5 +87,6 @@ if __name__ == "__main__":
             steps=args.steps,
             seeds=args.seeds,
             wall_s=time.perf_counter() - t0,
+            first_seed=args.first_seed,
         )
     )

@@ -346,8 +346,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(  # an arm registered identical by construction runs every seed: the table's wall time grows
         "identical_arms_every_seed",
         "scripts/demo_lib/ablations.py",
-        "return range(min(seeds, identical_seeds) if p is not None and p.identical else seeds)",
-        "return range(seeds)",
+        "n = min(seeds, identical_seeds) if p is not None and p.identical else seeds",
+        "n = seeds",
         ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
     ),
     Mutation(  # an actor running several rollouts is counted dead (and replaced) once per rollout it ran

@@ -7,7 +7,8 @@
 #   slurm/submit_ablations.sh --out runs/ablations --seeds 3 --eval-data runs/data/eval/native -- --nodes=16 --gpus-per-node=8 -- \
 #       cluster=slurm_16x8 data.per_harness.hy_memory=... init_checkpoint=runs/opd/final reader_model.path=...
 #
-# Options before the first --: --out DIR (runs/ablations), --seeds N (3), --only "baseline no_traps",
+# Options before the first --: --out DIR (runs/ablations), --seeds N (3), --first-seed K (0: run.seed K..K+N-1,
+# fresh seeds for a design read past the ones already run), --only "baseline no_traps",
 # --base EXP (hy_memory_rl: each task runs its overlay itself), --sft-init DIR (the sft_init overlay's
 # checkpoint when --base is another experiment), --eval-data DIR (required: the built held-out dataset
 # the collecting job evaluates every arm on). Between the two --: sbatch options for every task.
@@ -15,11 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${HYMEM_PYTHON:-.venv/bin/python}
-OUT=runs/ablations SEEDS=3 ONLY="" BASE=hy_memory_rl SFT="" EVAL=""
+OUT=runs/ablations SEEDS=3 FIRST=0 ONLY="" BASE=hy_memory_rl SFT="" EVAL=""
 while (($#)) && [[ $1 != -- ]]; do
   case $1 in
     --out) OUT=$2; shift 2 ;;
     --seeds) SEEDS=$2; shift 2 ;;
+    --first-seed) FIRST=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --base) BASE=$2; shift 2 ;;
     --sft-init) SFT=$2; shift 2 ;;
@@ -34,7 +36,7 @@ while (($#)) && [[ $1 != -- ]]; do SBATCH_OPTS+=("$1"); shift; done
 [[ ${1:-} == -- ]] && shift
 
 # shellcheck disable=SC2086  # --only is a list of names
-N=$("$PY" scripts/ablations.py --plan-array --out "$OUT" --seeds "$SEEDS" --base "$BASE" \
+N=$("$PY" scripts/ablations.py --plan-array --out "$OUT" --seeds "$SEEDS" --first-seed "$FIRST" --base "$BASE" \
   ${SFT:+--sft-init "$SFT"} ${ONLY:+--only $ONLY})
 MANIFEST=$(realpath "$OUT/array_tasks.tsv")
 # every task's config, checked before anything is queued (the check each task repeats on its allocation)

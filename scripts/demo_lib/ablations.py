@@ -92,12 +92,16 @@ PREDICTED = {
 }
 
 
-def seeds_of(name: str, seeds: int, identical_seeds: int) -> range:
-    """The seeds an arm runs: an arm registered as identical to the baseline by construction runs only
+def seeds_of(name: str, seeds: int, identical_seeds: int, first_seed: int = 0) -> range:
+    """The seeds an arm runs, from `first_seed` on (a design read on fresh seeds starts past the ones
+    already run): an arm registered as identical to the baseline by construction runs only
     `identical_seeds` of them, since one seed already shows an exact equality (or breaks it), and its
     runs are about a tenth of the table's wall time."""
+    if first_seed < 0:
+        raise ValueError(f"first_seed={first_seed}: run seeds start at 0")
     p = PREDICTED.get(name)
-    return range(min(seeds, identical_seeds) if p is not None and p.identical else seeds)
+    n = min(seeds, identical_seeds) if p is not None and p.identical else seeds
+    return range(first_seed, first_seed + n)
 
 
 # shown for every arm beside its own metric: what each knob could move
@@ -172,6 +176,7 @@ def run_table(
     jobs: int = 1,
     evaluate: bool = True,
     identical_seeds: int = 1,
+    first_seed: int = 0,
 ) -> list[Ablation]:
     """Every ablation x seed (`seeds_of`) as a real `python -m hymem_train.rl` run (reused when already
     finished), `jobs` at a time (each with cores/jobs torch threads), then `evaluate_seeds`."""
@@ -186,9 +191,9 @@ def run_table(
     table = [a for a in discover(root) if not only or a.name in only]
     threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
     tasks = []
-    for seed in range(seeds):  # seed-major: an interrupted table has whole seeds
+    for seed in range(first_seed, first_seed + seeds):  # seed-major: an interrupted table has whole seeds
         for a in table:
-            if a.skip_reason or seed not in seeds_of(a.name, seeds, identical_seeds):
+            if a.skip_reason or seed not in seeds_of(a.name, seeds, identical_seeds, first_seed):
                 continue
             run_dir = out / a.name / f"seed{seed}"
             cmd = [
@@ -464,12 +469,14 @@ def _cell(xs: list[float | None]) -> str:
     return f"{m:.3f}" if math.isnan(h) else f"{m:.3f} ± {h:.3f}"
 
 
-def write_table(table: list[Ablation], path: Path, *, steps: int, seeds: int, wall_s: float | None) -> str:
+def write_table(
+    table: list[Ablation], path: Path, *, steps: int, seeds: int, wall_s: float | None, first_seed: int = 0
+) -> str:
     """docs/ablations.md-style markdown (and a PNG beside it): every registered direction checked, then
     every arm on every bank metric (mean ± 95% t half-width over seeds)."""
     runs_min = sum(x for a in table for x in a.seconds if not math.isnan(x)) / 60
     lines = [
-        f"{steps} RL steps per run from the same OPD checkpoint, run.seed 0..{seeds - 1}; held-out bank "
+        f"{steps} RL steps per run from the same OPD checkpoint, run.seed {first_seed}..{first_seed + seeds - 1}; held-out bank "
         "metrics from one writer-swap evaluation per seed (every arm's final checkpoint and the OPD start "
         "on the same held-out sequences, reader and judge). Differences: ablation - baseline, mean over "
         "seeds with a 95% t-interval (paired by seed; Welch for an arm with another start). Observed: the "
@@ -548,6 +555,7 @@ def plan_array(
     only: list[str] | None = None,
     sft_init: str = "",
     identical_seeds: int = 1,
+    first_seed: int = 0,
 ) -> Path:
     """Writes `out/array_tasks.tsv`: every ablation x seed as the overrides of one RL run. With the
     report's recipe as the base (`hy_memory_rl`) a task runs the overlay itself (`+exp=ablation_X`);
@@ -567,7 +575,7 @@ def plan_array(
         else:
             knob = [f"init_checkpoint={sft_init}"] if a.knob == "init_checkpoint" else a.overrides
             exp = [f"+exp={base}", *knob]
-        for seed in seeds_of(a.name, seeds, identical_seeds):
+        for seed in seeds_of(a.name, seeds, identical_seeds, first_seed):
             run_dir = (out / a.name / f"seed{seed}").resolve()
             over = [
                 *exp,
@@ -612,7 +620,10 @@ def collect_array(out: Path, table_path: Path, *, eval_data: Path) -> str:
     rows = list(table.values())
     evaluate_seeds(rows, eval_data, start, out)
     n_seeds = max((len(a.runs) for a in rows), default=0)
-    text = write_table(rows, table_path, steps=max(steps, default=0), seeds=n_seeds, wall_s=None)
+    first = min((s for a in rows for s in a.runs), default=0)
+    text = write_table(
+        rows, table_path, steps=max(steps, default=0), seeds=n_seeds, wall_s=None, first_seed=first
+    )
     if missing:
         note = "; ".join(f"{n}: seeds {', '.join(s)}" for n, s in missing.items())
         text += f"\nUnfinished runs, left out: {note}.\n"

@@ -16,6 +16,7 @@ from scripts.demo_lib.ablations import (
     Ablation,
     plan_array,
     run_by_seed,
+    seeds_of,
     verdicts,
     write_table,
 )
@@ -109,6 +110,18 @@ def test_identical_arms_run_one_seed_unless_asked(tmp_path):
     assert got.count(("binary_reward", "0")) == 1 and len([r for r in got if r[0] == "binary_reward"]) == 1
     assert len([r for r in got if r[0] == "no_traps"]) == 3 and len([r for r in got if r[0] == BASELINE]) == 3
     assert len([r for r in planned(identical_seeds=3) if r[0] == "binary_reward"]) == 3
+
+
+def test_a_design_on_fresh_seeds_starts_past_the_seeds_already_run(tmp_path):
+    """--first-seed K runs run.seed K..K+N-1 and none below K: a design read once on fresh seeds must not
+    fold in the seeds that motivated it."""
+    plan_array(tmp_path, base="demo_rl", seeds=3, only=[BASELINE, "binary_reward", "no_traps"], first_seed=10)
+    rows = [r.split("\t") for r in (tmp_path / MANIFEST).read_text().splitlines()]
+    assert sorted(int(r[1]) for r in rows if r[0] == "no_traps") == [10, 11, 12]
+    assert [int(r[1]) for r in rows if r[0] == "binary_reward"] == [10]
+    assert all(f"run.seed={r[1]}" in r and r[2].endswith(f"seed{r[1]}") for r in rows)
+    with pytest.raises(ValueError, match="first_seed=-1"):
+        seeds_of("no_traps", 3, 1, first_seed=-1)
 
 
 def test_a_metric_with_nothing_to_count_drops_that_seed_not_the_table(tmp_path):

@@ -303,8 +303,8 @@ def run_demo(
         flush=True,
     )
     t = time.perf_counter()
-    # The student is this run stopped early: its copying is partly formed (recall 0.34 against the
-    # four-epoch teacher's 0.73), which OPD can move; students without it did not move (docs/testbed.md).
+    # The student is this run stopped early: its copying is partly formed (recall 0.54 against the
+    # four-epoch teacher's 0.86 on pair 0), which OPD can move; students without it did not (docs/testbed.md).
     teacher_sft = [
         "-m",
         "hymem_train.sft",

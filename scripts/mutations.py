@@ -350,6 +350,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "n = seeds",
         ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
     ),
+    Mutation(  # a design on fresh seeds reruns the seeds that motivated it (--first-seed ignored)
+        "first_seed_ignored",
+        "scripts/demo_lib/ablations.py",
+        "return range(first_seed, first_seed + n)",
+        "return range(n)",
+        (
+            "tests/config/test_ablation_predictions.py::test_a_design_on_fresh_seeds_starts_past_the_seeds_already_run",
+        ),
+    ),
     Mutation(  # an actor running several rollouts is counted dead (and replaced) once per rollout it ran
         "actor_death_counted_per_rollout",
         "hymem_train/rollout/pool.py",

@@ -45,6 +45,12 @@ if __name__ == "__main__":
         default=1,
         help="seeds for the arms registered identical to the baseline by construction (one shows it)",
     )
+    ap.add_argument(
+        "--level",
+        type=float,
+        default=0.95,
+        help="the intervals' level (a design read as a second test of a direction uses a stricter one)",
+    )
     ap.add_argument("--steps", type=int, default=24, help="RL steps per run (the demo's RL: 24)")
     ap.add_argument(
         "--jobs",
@@ -75,7 +81,11 @@ if __name__ == "__main__":
     if args.collect:
         if not args.eval_data:
             ap.error("--collect needs --eval-data (the built held-out dataset every arm is evaluated on)")
-        print(collect_array(Path(args.out), Path(args.out) / "table.md", eval_data=Path(args.eval_data)))
+        print(
+            collect_array(
+                Path(args.out), Path(args.out) / "table.md", eval_data=Path(args.eval_data), level=args.level
+            )
+        )
         sys.exit(0)
 
     t0 = time.perf_counter()
@@ -88,5 +98,6 @@ if __name__ == "__main__":
             seeds=args.seeds,
             wall_s=time.perf_counter() - t0,
             first_seed=args.first_seed,
+            level=args.level,
         )
     )

@@ -350,6 +350,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "n = seeds",
         ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
     ),
+    Mutation(  # the ablation table's intervals take a normal quantile past ten seeds: too narrow
+        "normal_quantile_past_ten_seeds",
+        "scripts/demo_lib/ablations.py",
+        "return m, t_crit(level, n - 1) * sd / math.sqrt(n)",
+        "return m, (1.96 if n > 10 else t_crit(level, n - 1)) * sd / math.sqrt(n)",
+        (
+            "tests/config/test_ablation_predictions.py::test_intervals_use_students_t_at_every_seed_count_and_level",
+        ),
+    ),
     Mutation(  # a design on fresh seeds reruns the seeds that motivated it (--first-seed ignored)
         "first_seed_ignored",
         "scripts/demo_lib/ablations.py",

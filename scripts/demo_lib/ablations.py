@@ -40,8 +40,6 @@ RECIPE = Path(__file__).resolve().parents[2] / "configs" / "exp" / "demo_rl.yaml
 BASELINE = "baseline"
 START = "opd"  # the writer every RL run starts from, evaluated beside them
 ZERO_ADV = "reward/zero_advantage_share"
-# t quantiles (two-sided 95%) for small samples; a normal quantile beyond
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 @dataclass(frozen=True)
@@ -375,26 +373,77 @@ def _history(run_dir: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def mean_ci(xs: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (nan for fewer than 2 values)."""
+def _beta_reg(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified Lentz)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side only
+        return 1.0 - _beta_reg(b, a, 1.0 - x)
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-14:
+            break
+    return front * (f - 1.0) / a
+
+
+def t_crit(level: float, df: float) -> float:
+    """The two-sided critical value of Student's t: P(|T_df| <= t) = level. Exact to 1e-9 (bisection on
+    the CDF), for any df > 0: a normal quantile in its place makes a ten-seed interval too narrow."""
+    if not (0.0 < level < 1.0 and df > 0):
+        raise ValueError(f"t_crit: level={level} must lie in (0, 1) and df={df} be > 0")
+    tail = (1.0 - level) / 2  # P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2
+    lo, hi = 0.0, 1.0
+    while _beta_reg(df / 2, 0.5, df / (df + hi * hi)) / 2 > tail:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _beta_reg(df / 2, 0.5, df / (df + mid * mid)) / 2 > tail:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return (lo + hi) / 2
+
+
+def mean_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Mean and the half-width of its t-interval at `level` (nan for fewer than 2 values)."""
     n = len(xs)
     m = sum(xs) / n
     if n < 2:
         return m, float("nan")
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return m, t_crit(level, n - 1) * sd / math.sqrt(n)
 
 
-def diff_ci(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Difference of means (xs - ys) and the half-width of a Welch 95% interval."""
+def diff_ci(xs: list[float], ys: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Difference of means (xs - ys) and the half-width of a Welch interval at `level`."""
     (mx, _), (my, _) = mean_ci(xs), mean_ci(ys)
     if len(xs) < 2 or len(ys) < 2:
         return mx - my, float("nan")
     vx = sum((x - mx) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
     vy = sum((y - my) ** 2 for y in ys) / (len(ys) - 1) / len(ys)
     se = math.sqrt(vx + vy)
-    df = (vx + vy) ** 2 / ((vx**2 / (len(xs) - 1) if vx else 0) + (vy**2 / (len(ys) - 1) if vy else 0) or 1)
-    return mx - my, T95.get(max(1, math.floor(df)), 1.96) * se
+    if se == 0:
+        return mx - my, 0.0
+    df = (vx + vy) ** 2 / ((vx**2 / (len(xs) - 1) if vx else 0) + (vy**2 / (len(ys) - 1) if vy else 0))
+    return mx - my, t_crit(level, df) * se
 
 
 def _shift(d: float, h: float) -> str:
@@ -411,14 +460,14 @@ class Verdict:
     base: float
     arm: float
     diff: float
-    half: float  # 95% half-width over seeds (nan: fewer than 2 seeds)
+    half: float  # half-width over seeds at the table's level (nan: fewer than 2 seeds)
     seeds: int
     predicted: str
     observed: str
     held: str  # "yes" | "no" | "n/a"
 
 
-def verdicts(table: list[Ablation]) -> list[Verdict]:
+def verdicts(table: list[Ablation], level: float = 0.95) -> list[Verdict]:
     """Each registered direction checked on its arm's held-out metric: ablation - baseline over seeds,
     paired by seed where the arm shares the baseline's start (a t-interval of the differences), Welch
     where it does not. An "identical by construction" arm holds only when every bank metric of every
@@ -441,9 +490,9 @@ def verdicts(table: list[Ablation]) -> list[Verdict]:
         if not common:
             continue
         if a.paired:
-            d, h = mean_ci([x - y for x, y in zip(xs, ys, strict=True)])
+            d, h = mean_ci([x - y for x, y in zip(xs, ys, strict=True)], level)
         else:
-            d, h = diff_ci(xs, ys)
+            d, h = diff_ci(xs, ys, level)
         obs = _shift(d, h)
         if p.identical:
             same = all(a.metrics[s] == base.metrics[s] for s in common)
@@ -461,25 +510,33 @@ def verdicts(table: list[Ablation]) -> list[Verdict]:
     return out
 
 
-def _cell(xs: list[float | None]) -> str:
+def _cell(xs: list[float | None], level: float = 0.95) -> str:
     xs = [x for x in xs if x is not None]  # None: nothing to count in that seed's data
     if not xs:
         return "-"
-    m, h = mean_ci(xs)
+    m, h = mean_ci(xs, level)
     return f"{m:.3f}" if math.isnan(h) else f"{m:.3f} ± {h:.3f}"
 
 
 def write_table(
-    table: list[Ablation], path: Path, *, steps: int, seeds: int, wall_s: float | None, first_seed: int = 0
+    table: list[Ablation],
+    path: Path,
+    *,
+    steps: int,
+    seeds: int,
+    wall_s: float | None,
+    first_seed: int = 0,
+    level: float = 0.95,
 ) -> str:
     """docs/ablations.md-style markdown (and a PNG beside it): every registered direction checked, then
-    every arm on every bank metric (mean ± 95% t half-width over seeds)."""
+    every arm on every bank metric (mean ± t half-width over seeds), intervals at `level`."""
+    pct = f"{level * 100:g}%"
     runs_min = sum(x for a in table for x in a.seconds if not math.isnan(x)) / 60
     lines = [
         f"{steps} RL steps per run from the same OPD checkpoint, run.seed {first_seed}..{first_seed + seeds - 1}; held-out bank "
         "metrics from one writer-swap evaluation per seed (every arm's final checkpoint and the OPD start "
         "on the same held-out sequences, reader and judge). Differences: ablation - baseline, mean over "
-        "seeds with a 95% t-interval (paired by seed; Welch for an arm with another start). Observed: the "
+        f"seeds with a {pct} t-interval (paired by seed; Welch for an arm with another start). Observed: the "
         "sign of an interval that excludes 0, else 0."
         + (
             ""
@@ -491,7 +548,7 @@ def write_table(
         "| ablation | metric | baseline | ablation | ablation - baseline | seeds | predicted | observed | held |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for v in verdicts(table):
+    for v in verdicts(table, level):
         iv = (
             f"{v.diff:+.3f}"
             if math.isnan(v.half)
@@ -512,8 +569,8 @@ def write_table(
     for a in table:
         if not a.metrics:
             continue
-        cells = [_cell([a.metrics[s][m] for s in sorted(a.metrics)]) for m in CONTEXT_METRICS]
-        za = _cell([z for z in a.zero_adv if not math.isnan(z)])
+        cells = [_cell([a.metrics[s][m] for s in sorted(a.metrics)], level) for m in CONTEXT_METRICS]
+        za = _cell([z for z in a.zero_adv if not math.isnan(z)], level)
         mins = [x / 60 for x in a.seconds if not math.isnan(x)]
         run_min = f"{sum(mins) / len(mins):.1f}" if mins else "-"
         row = [a.name, f"`{a.knob or '-'}`", str(len(a.metrics)), *cells, za, run_min]
@@ -521,11 +578,11 @@ def write_table(
     text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    _plot(verdicts(table), path.with_suffix(".png"))
+    _plot(verdicts(table, level), path.with_suffix(".png"), pct)
     return text
 
 
-def _plot(vs: list[Verdict], png: Path) -> None:
+def _plot(vs: list[Verdict], png: Path, pct: str = "95%") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -536,7 +593,7 @@ def _plot(vs: list[Verdict], png: Path) -> None:
         ax.errorbar([v.diff], [i], xerr=[[0 if math.isnan(v.half) else v.half]], fmt="o", capsize=3)
     ax.axvline(0, color="k", lw=0.8)
     ax.set_yticks(range(len(vs)), [f"{v.name}: {v.metric} (pred {v.predicted})" for v in vs], fontsize=7)
-    ax.set_xlabel("ablation - baseline on its registered metric (95% CI over seeds)", fontsize=8)
+    ax.set_xlabel(f"ablation - baseline on its registered metric ({pct} CI over seeds)", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png, dpi=90)
@@ -591,7 +648,7 @@ def plan_array(
     return out / MANIFEST
 
 
-def collect_array(out: Path, table_path: Path, *, eval_data: Path) -> str:
+def collect_array(out: Path, table_path: Path, *, eval_data: Path, level: float = 0.95) -> str:
     """The table from the array's run directories, evaluated per seed on `eval_data` (a built held-out
     dataset) from the baseline's start. A run that did not finish (failed, cancelled, still running)
     is named and left out, never read as a score."""
@@ -622,7 +679,13 @@ def collect_array(out: Path, table_path: Path, *, eval_data: Path) -> str:
     n_seeds = max((len(a.runs) for a in rows), default=0)
     first = min((s for a in rows for s in a.runs), default=0)
     text = write_table(
-        rows, table_path, steps=max(steps, default=0), seeds=n_seeds, wall_s=None, first_seed=first
+        rows,
+        table_path,
+        steps=max(steps, default=0),
+        seeds=n_seeds,
+        wall_s=None,
+        first_seed=first,
+        level=level,
     )
     if missing:
         note = "; ".join(f"{n}: seeds {', '.join(s)}" for n, s in missing.items())

@@ -350,6 +350,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "n = seeds",
         ("tests/config/test_ablation_predictions.py::test_identical_arms_run_one_seed_unless_asked",),
     ),
+    Mutation(  # the run key compares the recipe's text: a comment edit reruns every finished ablation run
+        "run_key_on_recipe_text",
+        "scripts/demo_lib/ablations.py",
+        'return recipe_settings(old.get("recipe", "")) == recipe_settings(key["recipe"])',
+        'return old.get("recipe") == key["recipe"]',
+        (
+            "tests/config/test_ablation_predictions.py::test_a_finished_run_is_reused_across_a_comment_edit_not_a_value_edit",
+        ),
+    ),
     Mutation(  # the ablation table's intervals take a normal quantile past ten seeds: too narrow
         "normal_quantile_past_ten_seeds",
         "scripts/demo_lib/ablations.py",

@@ -219,11 +219,9 @@ def run_table(
         a, seed, run_dir, cmd = task
         # the recipe file too: a run from the demo's earlier RL settings (its lr) is not reused
         # and the checkpoints it starts from: a demo retrained under the same root keeps every path
-        key = json.dumps(
-            {"run_version": RUN_VERSION, "cmd": cmd[1:], "recipe": RECIPE.read_text(), "from": starts}
-        )
+        key = {"run_version": RUN_VERSION, "cmd": cmd[1:], "recipe": RECIPE.read_text(), "from": starts}
         stamp = run_dir / "ablation_key.json"
-        if _finished(run_dir, steps) and stamp.exists() and stamp.read_text() == key:
+        if reusable(run_dir, steps, key):
             return
         if run_dir.exists():  # another command or version: it would resume, not restart
             shutil.rmtree(run_dir)
@@ -237,7 +235,7 @@ def run_table(
         if r.returncode != 0:
             raise RuntimeError(f"ablation {a.name} seed {seed} failed (exit {r.returncode}); see {log}")
         (run_dir / "wall_seconds").write_text(f"{time.perf_counter() - t0:.1f}")
-        stamp.write_text(key)
+        stamp.write_text(json.dumps(key))
 
     starts = [
         writer_identity(WriterConfig(name=n, checkpoint=str(p)))
@@ -283,6 +281,29 @@ def run_by_seed(
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
+
+
+def recipe_settings(text: str) -> dict:
+    """What a recipe file sets: its values and its Hydra package line, without its comments (editing a
+    comment does not make every finished run stale)."""
+    import yaml
+
+    return {
+        "package": [ln.strip() for ln in text.splitlines() if ln.strip().startswith("# @package")],
+        "values": yaml.safe_load(text),
+    }
+
+
+def reusable(run_dir: Path, steps: int, key: dict) -> bool:
+    """A finished run whose stamp (`ablation_key.json`) has this key: the same command, start checkpoints
+    and run version, and a recipe that sets the same values (its comments aside)."""
+    stamp = run_dir / "ablation_key.json"
+    if not (_finished(run_dir, steps) and stamp.exists()):
+        return False
+    old = json.loads(stamp.read_text())
+    if {k: v for k, v in old.items() if k != "recipe"} != {k: v for k, v in key.items() if k != "recipe"}:
+        return False
+    return recipe_settings(old.get("recipe", "")) == recipe_settings(key["recipe"])
 
 
 def _finished(run_dir: Path, steps: int) -> bool:

@@ -2,6 +2,7 @@
 docs/ablation_predictions.md (written before the runs), and a direction is judged on its own metric
 with the interval's sign, paired by seed."""
 
+import json
 import math
 import re
 import threading
@@ -16,6 +17,7 @@ from scripts.demo_lib.ablations import (
     Ablation,
     mean_ci,
     plan_array,
+    reusable,
     run_by_seed,
     seeds_of,
     t_crit,
@@ -194,3 +196,19 @@ def test_intervals_use_students_t_at_every_seed_count_and_level():
     assert mean_ci(xs, 0.975)[1] == pytest.approx(2.4899 * sd / 4, rel=1e-4)
     with pytest.raises(ValueError, match="level=1.5"):
         t_crit(1.5, 3)
+
+
+def test_a_finished_run_is_reused_across_a_comment_edit_not_a_value_edit(tmp_path):
+    """The run key compares what the recipe sets, not its text: a comment edited in the recipe keeps
+    every finished run; a changed value, command or start reruns it."""
+    run = tmp_path / "seed0"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 24}\n')
+    recipe = "# @package _global_\n# lr: why (docs/a.md)\ntrainer:\n  lr: 1.0e-4  # a note\n"
+    key = {"run_version": "v3", "cmd": ["-m", "hymem_train.rl", "run.seed=0"], "recipe": recipe, "from": []}
+    (run / "ablation_key.json").write_text(json.dumps(key))
+    assert reusable(run, 24, {**key, "recipe": recipe.replace("docs/a.md", "docs/log/a.md")})
+    assert not reusable(run, 24, {**key, "recipe": recipe.replace("1.0e-4", "3.0e-4")})
+    assert not reusable(run, 24, {**key, "recipe": recipe.replace("# @package _global_\n", "")})
+    assert not reusable(run, 24, {**key, "cmd": ["-m", "hymem_train.rl", "run.seed=1"]})
+    assert not reusable(run, 25, key)  # not finished at the asked length

@@ -535,7 +535,11 @@ def unseen_value_share(facts) -> float:
 
 
 def pretraining_documents(
-    num_documents: int, seed: int, episodes_per_document: int = 8, mixed_share: float = 0.0
+    num_documents: int,
+    seed: int,
+    episodes_per_document: int = 8,
+    mixed_share: float = 0.0,
+    session_share: float = 0.0,
 ) -> list[str]:
     """Plain-text copy episodes in the ledger's own forms: the tiny demo models' stand-in for the
     pretraining of the report's LLMs (a writer must copy an attribute and a value from a line
@@ -547,9 +551,17 @@ def pretraining_documents(
     - skip:      "Alice: My snack today is popcorn.\\nRecord: none" (transient lines and restatements)
     - mixed (`mixed_share` of the episodes): 2-4 lines of new facts, restatements and small talk in any
                  order, then "Records: job: pilot; dog: Rex" (the new facts only) or "Records: none"
-    Not the harness's JSON or chat template: SFT teaches those. Deterministic in its arguments."""
+    - session (`session_share`, drawn before `mixed_share`): the native writer prompt's layout, a
+                 session header with its date, numbered existing records and a conversation, then one
+                 line per operation: "UPDATE 2: sport: golf, then chess (2023-01-16)", "ADD: dog: Rex",
+                 or "NONE" (`_session_episode`). Here the old state, the record's id and the date sit
+                 where the writer's prompt puts them, away from the line that changes them.
+    Not the harness's JSON or chat template: SFT teaches those. Deterministic in its arguments; with
+    `session_share=0` the documents are the ones drawn before that kind existed."""
     if num_documents < 0 or episodes_per_document < 1:
         raise ValueError("num_documents must be >= 0 and episodes_per_document >= 1")
+    if not (0.0 <= mixed_share <= 1.0 and 0.0 <= session_share <= 1.0):
+        raise ValueError(f"mixed_share={mixed_share}, session_share={session_share}: want shares in [0, 1]")
     rng = random.Random(f"hymem-ledger-pretrain:{seed}")
     people = PEOPLE + FRIENDS
     start = dt.date(2023, 1, 2)
@@ -560,7 +572,10 @@ def pretraining_documents(
             p, r = rng.choice(people), rng.random()
             a = rng.choice(ATTRS)
             v = rng.choice(a.values)
-            if rng.random() < mixed_share:
+            # drawn only when asked for, so session_share=0 keeps every earlier corpus as it was
+            if session_share and rng.random() < session_share:
+                eps.append(_session_episode(rng, p, start))
+            elif rng.random() < mixed_share:
                 eps.append(_mixed_episode(rng, p))
             elif r < 0.5:
                 eps.append(
@@ -588,6 +603,51 @@ def pretraining_documents(
                 eps.append(f"{p}: {line}\nRecord: none")
         docs.append("\n".join(eps))
     return docs
+
+
+def _session_episode(rng: random.Random, p: str, start: dt.date) -> str:
+    """A copy episode laid out as the native writer's prompt (its header, "Existing memories:" with
+    record ids, "New conversation:" with "user: " lines). One to three records are shown, one of them
+    with an earlier change; the person changes one of them, may state a new fact and make small talk;
+    the answer is one line per operation, the change keeping every state with the session's date."""
+    day = rng.randrange(6, 60)
+    date = (start + dt.timedelta(days=7 * day)).isoformat()
+    shown = []
+    for a, rid in zip(rng.sample(ATTRS, rng.randint(1, 3)), rng.sample(range(1, 10), 3), strict=False):
+        states = [(rng.choice(a.values), "")]
+        if rng.random() < 0.3:
+            states.append(
+                (
+                    rng.choice([x for x in a.values if x != states[0][0]]),
+                    (start + dt.timedelta(days=7 * rng.randrange(day))).isoformat(),
+                )
+            )
+        shown.append((rid, a, states))
+    rid, a, states = rng.choice(shown)
+    new = rng.choice([x for x in a.values if x != states[-1][0]])
+    lines = [f"{p}: {rng.choice(SAY_UPDATE).format(a=a.name, v=new)}"]
+    ops = [f"UPDATE {rid}: {record_text(a.name, [*states, (new, date)])}"]
+    if rng.random() < 0.4:
+        b = rng.choice([x for x in ATTRS if x not in {s[1] for s in shown}])
+        w = rng.choice(b.values)
+        at = rng.randrange(len(lines) + 1)
+        lines.insert(at, f"{p}: {rng.choice(SAY_NEW).format(a=b.name, v=w)}")
+        ops.insert(at, f"ADD: {record_text(b.name, [(w, '')])}")
+    if rng.random() < 0.5:
+        tr = rng.choice(TRANSIENT)
+        lines.insert(
+            rng.randrange(len(lines) + 1),
+            f"{p}: {rng.choice(SAY_TRANSIENT).format(a=tr.name, v=rng.choice(tr.values))}",
+        )
+    friend = rng.choice(FRIENDS)
+    convo = [f"{friend}: {rng.choice(GREETINGS).format(p=p)}", *lines, f"{friend}: {rng.choice(REPLIES)}"]
+    memories = "\n".join(f"[{i}] {record_text(b.name, st)}" for i, b, st in shown)
+    return (
+        f"Session session_{day}, date {date}.\nExisting memories:\n{memories}\n\nNew conversation:\n"
+        + "\n".join(f"user: {ln}" for ln in convo)
+        + "\n"
+        + "\n".join(ops)
+    )
 
 
 def _mixed_episode(rng: random.Random, p: str) -> str:

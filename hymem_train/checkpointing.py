@@ -21,12 +21,16 @@ class StageCheckpoints:
         state = self.trainer.load(str(self.dir))
         return int(state["step"]), state
 
-    def maybe_save(self, step: int, scheduler: Any, *, force: bool = False) -> None:
+    def maybe_save(
+        self, step: int, scheduler: Any, *, force: bool = False, metrics: dict[str, float] | None = None
+    ) -> None:
         """Collective: every `save_every` steps and at the last (`force`: now, unless this step already
         saved). `scheduler` is rank 0's (None on the other ranks); its cursor travels inside every rank's
-        checkpoint."""
+        checkpoint. `metrics`: rank 0's row for this step, kept so that a run killed after the checkpoint
+        but before the row reached metrics.jsonl still records the step (`MetricsLogger.restore`)."""
         scheduled = step % self.save_every == 0 or step == self.num_steps
         if scheduled == force:  # not due and not forced, or forced but already saved by the schedule
             return
-        state = self.trainer.broadcast(scheduler.state() if scheduler is not None else None)
-        self.trainer.save(str(self.dir), {"stage_step": step, "scheduler": state})
+        sent = self.trainer.broadcast((scheduler.state(), dict(metrics or {})) if scheduler is not None else None)
+        state, row = sent if sent is not None else (None, {})
+        self.trainer.save(str(self.dir), {"stage_step": step, "scheduler": state, "step_metrics": row})

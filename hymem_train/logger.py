@@ -149,6 +149,17 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
 
+    def restore(self, step: int, metrics: dict[str, float] | None) -> bool:
+        """On resume: write the checkpointed step's row if a kill between its checkpoint and its log
+        line lost it (the resumed run never redoes that step). The row is the step's training, reward
+        and held-out metrics, without the checkpoint's seconds or the side jobs' metrics, and says
+        `run/restored=1`. Returns whether it wrote one."""
+        if not step or not metrics or any(r["step"] == step for r in self.history()):
+            return False
+        self.log(step, {**metrics, "run/restored": 1.0}, force=True)
+        log.warning("step %d's metrics line was lost by a kill after its checkpoint: restored from it", step)
+        return True
+
     def history(self) -> list[dict]:
         if not self.path.exists():
             return []

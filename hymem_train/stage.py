@@ -244,6 +244,7 @@ def build_stage(cfg: StageConfig, *, growth_bounds: dict[str, GrowthBounds] | No
         stage.logger = MetricsLogger(
             cfg.logging, run_dir, cfg.run.name, config=dataclasses.asdict(cfg), resume=start_step > 0
         )
+        stage.logger.restore(start_step, client_state.get("step_metrics"))
         stage.callbacks = Callbacks(
             [BankSizeLog(run_dir), GatewayCounterDeltas(stage.gateway), StepProfileReport(run_dir)]
         )
@@ -310,7 +311,7 @@ def end_step(
             with timer("eval"):
                 m.update(evaluate(step))
     with timer("checkpoint"):
-        stage.checkpoints.maybe_save(step, stage.scheduler)
+        stage.checkpoints.maybe_save(step, stage.scheduler, metrics=m if stage.is_driver else None)
     m.update(timer.pop())
     log_step(stage, step, m)
     return stage.preempted(step)

@@ -31,6 +31,12 @@ if __name__ == "__main__":
     ap.add_argument(
         "--run-seed", type=int, default=0, help="seeds every training run (a seed pair with --data-seed)"
     )
+    ap.add_argument(
+        "--pretrain-session-share",
+        type=float,
+        default=0.0,
+        help="share of pretraining copy episodes laid out as the writer's prompt (data_pipeline/ledger.py)",
+    )
     args = ap.parse_args()
     if args.gateway_only:
         from scripts.demo_lib.gateway import run_gateway_demo
@@ -44,4 +50,9 @@ if __name__ == "__main__":
         from scripts.demo_lib.pipeline import run_demo
 
         shutil.rmtree(args.root, ignore_errors=True)  # every `make demo` starts from a clean slate
-        run_demo(args.root, data_seed=args.data_seed, run_seed=args.run_seed)
+        run_demo(
+            args.root,
+            data_seed=args.data_seed,
+            run_seed=args.run_seed,
+            pretrain_session_share=args.pretrain_session_share,
+        )

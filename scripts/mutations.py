@@ -377,6 +377,21 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/config/test_ablation_predictions.py::test_a_design_on_fresh_seeds_starts_past_the_seeds_already_run",
         ),
     ),
+    Mutation(  # a kill between a step's checkpoint and its metrics line loses the line for good
+        "lost_metrics_line_not_restored",
+        "hymem_train/stage.py",
+        '        stage.logger.restore(start_step, client_state.get("step_metrics"))\n',
+        "",
+        ("tests/stages/test_stages_cli.py::test_rl_kill9_then_resume_reproduces_the_uninterrupted_run",),
+        slow=True,
+    ),
+    Mutation(  # the checkpoint does not carry its step's metrics row
+        "step_metrics_not_checkpointed",
+        "hymem_train/checkpointing.py",
+        "(scheduler.state(), dict(metrics or {}))",
+        "(scheduler.state(), {})",
+        ("tests/test_observability.py::test_a_checkpointed_step_whose_line_was_lost_is_restored_once",),
+    ),
     Mutation(  # an actor running several rollouts is counted dead (and replaced) once per rollout it ran
         "actor_death_counted_per_rollout",
         "hymem_train/rollout/pool.py",

@@ -50,6 +50,44 @@ def test_rerun_gets_a_fresh_wandb_id_and_only_a_resume_reuses_it(tmp_path, fake_
     assert fake_wandb[-1]["id"] == second["id"] == lg.wandb_id and fake_wandb[-1]["resume"] == "allow"
 
 
+def test_a_checkpointed_step_whose_line_was_lost_is_restored_once(tmp_path):
+    # the checkpoint carries its step's row (StageCheckpoints.maybe_save); a resume writes it back only
+    # where a kill between the checkpoint and the log line lost it (the e2e kill is tests/stages/
+    # test_stages_cli.py)
+    from hymem_train.checkpointing import StageCheckpoints
+
+    class Disk:  # keeps the client state as the trainer's checkpoint does
+        def broadcast(self, obj):
+            return obj
+
+        def save(self, d, state):
+            Path(d).mkdir(parents=True, exist_ok=True)
+            (Path(d) / "latest").write_text("x")
+            self.state = {"step": state["stage_step"], **state}
+
+        def load(self, d):
+            return self.state
+
+    class Sched:
+        def state(self):
+            return {"cursor": 3}
+
+    disk, cfg = Disk(), LoggingConfig(wandb_mode="disabled")
+    lg = MetricsLogger(cfg, tmp_path, "exp/a")
+    lg.log(1, {"train/loss": 2.0})
+    StageCheckpoints(disk, tmp_path, save_every=2, num_steps=4).maybe_save(
+        2, Sched(), metrics={"train/loss": 1.5, "eval/score": 0.25}
+    )  # killed here: step 2 is checkpointed, its line never written
+    step, state = StageCheckpoints(disk, tmp_path, save_every=2, num_steps=4).resume()
+    assert step == 2 and state["scheduler"] == {"cursor": 3}
+    lg = MetricsLogger(cfg, tmp_path, "exp/a", resume=True)
+    assert lg.restore(step, state["step_metrics"])
+    assert lg.history()[-1] == {"step": 2, "train/loss": 1.5, "eval/score": 0.25, "run/restored": 1.0}
+    assert not lg.restore(step, state["step_metrics"])  # the line exists now: nothing doubled
+    assert not lg.restore(0, {"train/loss": 9.0})  # a new run restores nothing
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 def test_stage_passes_the_resolved_config_and_resume_to_the_logger():
     # build_stage is the one place a stage builds its MetricsLogger (the e2e run is tests/stages/
     # test_observability_cli.py); read the call rather than start Ray and DeepSpeed here

@@ -146,7 +146,9 @@ def _demonstrations_of(
     return rows, dict(oracle.counts)
 
 
-def pretraining_data(out: Path, num_documents: int, seed: int, mixed_share: float = 0.35) -> int:
+def pretraining_data(
+    out: Path, num_documents: int, seed: int, mixed_share: float = 0.35, session_share: float = 0.0
+) -> int:
     """The pretraining stand-in corpus (data_pipeline.ledger.pretraining_documents: copy episodes in
     the ledger's own forms) as SFT `text_ids` records: plain language modelling, loss on every token.
     Returns the token count."""
@@ -157,7 +159,9 @@ def pretraining_data(out: Path, num_documents: int, seed: int, mixed_share: floa
     out.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with out.open("w") as f:
-        for doc in pretraining_documents(num_documents, seed, mixed_share=mixed_share):
+        for doc in pretraining_documents(
+            num_documents, seed, mixed_share=mixed_share, session_share=session_share
+        ):
             ids = tok.encode(doc) + [tok.eos_token_id]
             n += len(ids)
             f.write(json.dumps({"text_ids": ids}) + "\n")
@@ -218,6 +222,7 @@ def run_demo(
     num_final_eval_sequences: int = 96,
     num_chunks: int = 6,
     pretrain_documents: int = 4000,
+    pretrain_session_share: float = 0.0,
     teacher_epochs: int = 4,
     teacher_pretrain_mix: int = 2000,
     student_epochs: int = 2,
@@ -261,9 +266,15 @@ def run_demo(
     print(f"      {counts['writer_segments']} writer segments", flush=True)
     counts["leaked"] = probe_leakage(root, {"prompts": prompts, "eval": held, "final_eval": final})
     counts["pretrain_tokens"] = pretraining_data(
-        root / "pretrain" / "data.jsonl", pretrain_documents, seed=data_seed
+        root / "pretrain" / "data.jsonl",
+        pretrain_documents,
+        seed=data_seed,
+        session_share=pretrain_session_share,
     )
-    counts["pretrain_documents"] = pretrain_documents
+    counts["pretrain_documents"], counts["pretrain_session_share"] = (
+        pretrain_documents,
+        pretrain_session_share,
+    )
     # the teacher's SFT keeps part of the copy corpus in its mix: without it, SFT on the harness's format
     # unlearnt the copying the pretraining had taught (docs/testbed.md, "Why the recipe looks like this")
     demos = (root / "sft" / "demos.jsonl").read_text().splitlines()
@@ -696,8 +707,13 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         f"{counts.get('final_eval_sequences', counts['eval_sequences'])} (those and more) for the final "
         f"evaluation; {counts['writer_segments']} teacher "
         f"demonstrations ({flaws})",
-        f"pretraining stand-in: {counts.get('pretrain_documents', 0)} copy-episode documents, "
-        f"{counts.get('pretrain_tokens', 0)} tokens; probes leaked from an empty bank: "
+        f"pretraining stand-in: {counts.get('pretrain_documents', 0)} copy-episode documents"
+        + (
+            f" ({counts['pretrain_session_share']:.0%} of the episodes in the writer prompt's layout)"
+            if counts.get("pretrain_session_share")
+            else ""
+        )
+        + f", {counts.get('pretrain_tokens', 0)} tokens; probes leaked from an empty bank: "
         + ", ".join(f"{k} {v:.1%}" for k, v in counts.get("leaked", {}).items()),
         "",
         f"## OPD (student: the SFT after {counts.get('student_epochs', '?')} of its "

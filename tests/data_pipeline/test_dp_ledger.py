@@ -164,3 +164,28 @@ def test_pretraining_documents_are_deterministic_and_in_the_record_grammar():
     assert a == ledger.pretraining_documents(5, 1) and a != ledger.pretraining_documents(5, 2)
     recs = [ln.removeprefix("Record: ") for d in a for ln in d.splitlines() if ln.startswith("Record: ")]
     assert all(r == "none" or ledger.parse_record(r) is not None for r in recs)
+
+
+def test_session_episodes_copy_id_old_states_and_date_from_where_the_prompt_puts_them():
+    import re
+
+    docs = ledger.pretraining_documents(60, 4, mixed_share=0.35, session_share=0.5)
+    sessions = [e for d in docs for e in re.split(r"\n(?=Session session_)", d) if e.startswith("Session ")]
+    assert len(sessions) > 150
+    for e in sessions:
+        date = re.match(r"Session session_\d+, date (\d{4}-\d\d-\d\d)\.\n", e).group(1)
+        shown = dict(re.findall(r"^\[(\d)\] (.+)$", e, flags=re.M))
+        (upd,) = re.findall(r"^UPDATE (\d): (.+)$", e, flags=re.M)
+        rid, text = upd
+        old, new = ledger.parse_record(shown[rid]), ledger.parse_record(text)
+        # the record shown under the id keeps every state; the new one took effect on the session's date
+        assert new.key == old.key and new.states[:-1] == old.states and new.states[-1][1] == date
+        changed = re.search(r"^user: \w+: (?:Actually,|News:) my (.+) is (\S+) now\.$", e, flags=re.M)
+        assert changed.groups() == (new.key, new.states[-1][0]) != (old.key, old.states[-1][0])
+    # session_share=0 draws nothing more: the corpus every earlier demo pretrained on
+    assert ledger.pretraining_documents(40, 0, mixed_share=0.35) == ledger.pretraining_documents(
+        40, 0, mixed_share=0.35, session_share=0.0
+    )
+    assert not any("Session session_" in d for d in ledger.pretraining_documents(40, 0, mixed_share=0.35))
+    with pytest.raises(ValueError, match="session_share=1.5"):
+        ledger.pretraining_documents(1, 0, session_share=1.5)

@@ -106,17 +106,17 @@ def test_rl_kill9_then_resume_reproduces_the_uninterrupted_run(assets, stage, op
     kill_when(advanced, "rl_killed_before_checkpoint")
     assert not (ckpt / "latest").exists()
 
-    # DeepSpeed creates `latest`, then writes the tag into it: wait for the tag, and for step 1's metrics
-    # line, which the stage writes after the checkpoint (a kill between the two loses that line: the
-    # resumed run starts at step 2)
+    # DeepSpeed creates `latest`, then writes the tag into it: wait for the tag
     def step_1_done() -> bool:
-        if not ((ckpt / "latest").exists() and (ckpt / "latest").read_text().strip() == "step_1"):
-            return False
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-        return any(line.startswith('{"step": 1,') for line in lines)
+        return (ckpt / "latest").exists() and (ckpt / "latest").read_text().strip() == "step_1"
 
     kill_when(step_1_done, "rl_killed_after_checkpoint")
     assert not (out / "final").exists()
+    # the stage writes step 1's metrics line after its checkpoint; whether or not this kill landed between
+    # the two, make it so: the resumed run starts at step 2 and must restore the line from the checkpoint
+    metrics_file = out / "metrics.jsonl"
+    kept = [x for x in metrics_file.read_text().splitlines() if not x.startswith('{"step": 1,')]
+    metrics_file.write_text("".join(x + "\n" for x in kept))
     stage.run(stage.cmd("rl", assets, out, *args), root / "rl_resumed.log", env=env)
 
     assert _lineage_view(out) == _lineage_view(ref)
@@ -131,6 +131,7 @@ def test_rl_kill9_then_resume_reproduces_the_uninterrupted_run(assets, stage, op
     assert sizes(out) == sizes(ref)
     a, b = stage.metrics(ref), stage.metrics(out)
     assert set(a) == set(b) == {0, 1, 2}
+    assert b[1]["run/restored"] == 1 and "run/restored" not in b[2]
     for step in a:
         for k, v in a[step].items():
             if k.startswith(("reward/", "rollout/segments", "rollout/policy_error", "train/loss", "eval/")):

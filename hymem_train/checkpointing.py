@@ -31,6 +31,8 @@ class StageCheckpoints:
         scheduled = step % self.save_every == 0 or step == self.num_steps
         if scheduled == force:  # not due and not forced, or forced but already saved by the schedule
             return
-        sent = self.trainer.broadcast((scheduler.state(), dict(metrics or {})) if scheduler is not None else None)
+        sent = self.trainer.broadcast(
+            (scheduler.state(), dict(metrics or {})) if scheduler is not None else None
+        )
         state, row = sent if sent is not None else (None, {})
         self.trainer.save(str(self.dir), {"stage_step": step, "scheduler": state, "step_metrics": row})

@@ -377,6 +377,15 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/config/test_ablation_predictions.py::test_a_design_on_fresh_seeds_starts_past_the_seeds_already_run",
         ),
     ),
+    Mutation(  # the prompt-layout copy episode dates its change by a constant, not its session header
+        "session_episode_constant_date",
+        "data_pipeline/ledger.py",
+        'ops = [f"UPDATE {rid}: {record_text(a.name, [*states, (new, date)])}"]',
+        "ops = [f\"UPDATE {rid}: {record_text(a.name, [*states, (new, '2023-02-06')])}\"]",
+        (
+            "tests/data_pipeline/test_dp_ledger.py::test_session_episodes_copy_id_old_states_and_date_from_where_the_prompt_puts_them",
+        ),
+    ),
     Mutation(  # a kill between a step's checkpoint and its metrics line loses the line for good
         "lost_metrics_line_not_restored",
         "hymem_train/stage.py",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hymem_train.checkpointing import StageCheckpoints
 from hymem_train.config import LoggingConfig, compose, to_typed
 from hymem_train.logger import WANDB_ID_FILE, MetricsLogger
 from hymem_train.models.config import ModelConfig
@@ -54,8 +55,6 @@ def test_a_checkpointed_step_whose_line_was_lost_is_restored_once(tmp_path):
     # the checkpoint carries its step's row (StageCheckpoints.maybe_save); a resume writes it back only
     # where a kill between the checkpoint and the log line lost it (the e2e kill is tests/stages/
     # test_stages_cli.py)
-    from hymem_train.checkpointing import StageCheckpoints
-
     class Disk:  # keeps the client state as the trainer's checkpoint does
         def broadcast(self, obj):
             return obj

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -167,8 +168,6 @@ def test_pretraining_documents_are_deterministic_and_in_the_record_grammar():
 
 
 def test_session_episodes_copy_id_old_states_and_date_from_where_the_prompt_puts_them():
-    import re
-
     docs = ledger.pretraining_documents(60, 4, mixed_share=0.35, session_share=0.5)
     sessions = [e for d in docs for e in re.split(r"\n(?=Session session_)", d) if e.startswith("Session ")]
     assert len(sessions) > 150

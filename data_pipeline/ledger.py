@@ -553,8 +553,8 @@ def pretraining_documents(
                  order, then "Records: job: pilot; dog: Rex" (the new facts only) or "Records: none"
     - session (`session_share`, drawn before `mixed_share`): the native writer prompt's layout, a
                  session header with its date, numbered existing records and a conversation, then one
-                 line per operation: "UPDATE 2: sport: golf, then chess (2023-01-16)", "ADD: dog: Rex",
-                 or "NONE" (`_session_episode`). Here the old state, the record's id and the date sit
+                 line per operation: "UPDATE 2: sport: golf, then chess (2023-01-16)", and "ADD: dog: Rex"
+                 when a new fact is stated too (`_session_episode`). Here the old state, the record's id and the date sit
                  where the writer's prompt puts them, away from the line that changes them.
     Not the harness's JSON or chat template: SFT teaches those. Deterministic in its arguments; with
     `session_share=0` the documents are the ones drawn before that kind existed."""
@@ -607,9 +607,9 @@ def pretraining_documents(
 
 def _session_episode(rng: random.Random, p: str, start: dt.date) -> str:
     """A copy episode laid out as the native writer's prompt (its header, "Existing memories:" with
-    record ids, "New conversation:" with "user: " lines). One to three records are shown, one of them
-    with an earlier change; the person changes one of them, may state a new fact and make small talk;
-    the answer is one line per operation, the change keeping every state with the session's date."""
+    record ids, "New conversation:" with "user: " lines). One to three records are shown, each with an
+    earlier change at a rate of 0.3; the person changes one of them, may state a new fact and make small
+    talk; the answer is one line per operation, the change keeping every state with the session's date."""
     day = rng.randrange(6, 60)
     date = (start + dt.timedelta(days=7 * day)).isoformat()
     shown = []

@@ -377,6 +377,15 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/config/test_ablation_predictions.py::test_a_design_on_fresh_seeds_starts_past_the_seeds_already_run",
         ),
     ),
+    Mutation(  # session_share=0 still draws from the corpus's RNG: every demo's pretraining corpus changes
+        "session_share_draws_at_zero",
+        "data_pipeline/ledger.py",
+        "            if session_share and rng.random() < session_share:",
+        "            if rng.random() < session_share:",
+        (
+            "tests/data_pipeline/test_dp_ledger.py::test_session_episodes_copy_id_old_states_and_date_from_where_the_prompt_puts_them",
+        ),
+    ),
     Mutation(  # the prompt-layout copy episode dates its change by a constant, not its session header
         "session_episode_constant_date",
         "data_pipeline/ledger.py",

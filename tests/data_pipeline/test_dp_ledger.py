@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 
@@ -181,10 +182,10 @@ def test_session_episodes_copy_id_old_states_and_date_from_where_the_prompt_puts
         assert new.key == old.key and new.states[:-1] == old.states and new.states[-1][1] == date
         changed = re.search(r"^user: \w+: (?:Actually,|News:) my (.+) is (\S+) now\.$", e, flags=re.M)
         assert changed.groups() == (new.key, new.states[-1][0]) != (old.key, old.states[-1][0])
-    # session_share=0 draws nothing more: the corpus every earlier demo pretrained on
-    assert ledger.pretraining_documents(40, 0, mixed_share=0.35) == ledger.pretraining_documents(
-        40, 0, mixed_share=0.35, session_share=0.0
-    )
+    # session_share=0 draws nothing more: the corpus every earlier demo pretrained on (digest taken from
+    # the generator before session episodes existed; a change to it changes every demo number)
+    default = "\n\n".join(ledger.pretraining_documents(40, 0, mixed_share=0.35))
+    assert hashlib.sha256(default.encode()).hexdigest().startswith("5c6bae05fff92d91")
     assert not any("Session session_" in d for d in ledger.pretraining_documents(40, 0, mixed_share=0.35))
     with pytest.raises(ValueError, match="session_share=1.5"):
         ledger.pretraining_documents(1, 0, session_share=1.5)

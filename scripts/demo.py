@@ -37,6 +37,12 @@ if __name__ == "__main__":
         default=0.0,
         help="share of pretraining copy episodes laid out as the writer's prompt (data_pipeline/ledger.py)",
     )
+    ap.add_argument(
+        "--teacher-pretrain-mix",
+        type=int,
+        default=2000,
+        help="copy documents mixed into the SFT that makes the student and the teacher (docs/testbed.md)",
+    )
     args = ap.parse_args()
     if args.gateway_only:
         from scripts.demo_lib.gateway import run_gateway_demo
@@ -55,4 +61,5 @@ if __name__ == "__main__":
             data_seed=args.data_seed,
             run_seed=args.run_seed,
             pretrain_session_share=args.pretrain_session_share,
+            teacher_pretrain_mix=args.teacher_pretrain_mix,
         )

@@ -239,6 +239,12 @@ def run_demo(
         raise ValueError(
             f"student_epochs={student_epochs}: want 1 <= student_epochs < teacher_epochs={teacher_epochs}"
         )
+    if not 0 <= teacher_pretrain_mix <= pretrain_documents:
+        # a negative count would slice from the corpus's end, a larger one silently mix in all of it
+        raise ValueError(
+            f"teacher_pretrain_mix={teacher_pretrain_mix}: want 0 <= teacher_pretrain_mix <= "
+            f"pretrain_documents={pretrain_documents}"
+        )
     if num_final_eval_sequences < num_eval_sequences:
         raise ValueError(
             f"num_final_eval_sequences={num_final_eval_sequences}: want >= num_eval_sequences="

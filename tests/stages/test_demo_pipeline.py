@@ -213,7 +213,8 @@ def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
 
 def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path):
     """The student is the teacher's SFT stopped early: an epoch count that is not earlier is refused
-    before any stage runs, as is a final evaluation smaller than the stages' held-out set."""
+    before any stage runs, as are a final evaluation smaller than the stages' held-out set and a copy
+    mix the pretraining corpus cannot supply."""
     for k in (0, 3, 4):
         with pytest.raises(
             ValueError, match=f"student_epochs={k}: want 1 <= student_epochs < teacher_epochs=3"
@@ -223,6 +224,13 @@ def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path):
     with pytest.raises(ValueError, match="num_final_eval_sequences=8: want >= num_eval_sequences=24"):
         run_demo(tmp_path, num_eval_sequences=24, num_final_eval_sequences=8)
     assert not any(tmp_path.iterdir())  # refused before any data is drawn
+    for k in (-1, 4001):
+        with pytest.raises(
+            ValueError,
+            match=f"teacher_pretrain_mix={k}: want 0 <= teacher_pretrain_mix <= pretrain_documents=4000",
+        ):
+            run_demo(tmp_path, teacher_pretrain_mix=k, pretrain_documents=4000)
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_failed_reevaluation_leaves_the_old_table(tmp_path, monkeypatch):

@@ -43,6 +43,12 @@ if __name__ == "__main__":
         default=2000,
         help="copy documents mixed into the SFT that makes the student and the teacher (docs/testbed.md)",
     )
+    ap.add_argument(
+        "--student-epochs",
+        type=int,
+        default=2,
+        help="the student is the SFT run stopped after this many of the teacher's 4 epochs",
+    )
     args = ap.parse_args()
     if args.gateway_only:
         from scripts.demo_lib.gateway import run_gateway_demo
@@ -62,4 +68,5 @@ if __name__ == "__main__":
             run_seed=args.run_seed,
             pretrain_session_share=args.pretrain_session_share,
             teacher_pretrain_mix=args.teacher_pretrain_mix,
+            student_epochs=args.student_epochs,
         )

@@ -211,7 +211,7 @@ def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
     assert (tmp_path / "growth_bounds.yaml").read_text().count("native:") == 1
 
 
-def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path):
+def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path, monkeypatch):
     """The student is the teacher's SFT stopped early: an epoch count that is not earlier is refused
     before any stage runs, as are a final evaluation smaller than the stages' held-out set and a copy
     mix the pretraining corpus cannot supply."""
@@ -224,6 +224,12 @@ def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path):
     with pytest.raises(ValueError, match="num_final_eval_sequences=8: want >= num_eval_sequences=24"):
         run_demo(tmp_path, num_eval_sequences=24, num_final_eval_sequences=8)
     assert not any(tmp_path.iterdir())  # refused before any data is drawn
+
+    # without the check the demo would start drawing data: fail there at once, not minutes later
+    def drawn(*a, **kw):
+        raise AssertionError("data drawn before the copy mix was checked")
+
+    monkeypatch.setattr("scripts.demo_lib.pipeline.build_data", drawn)
     for k in (-1, 4001):
         with pytest.raises(
             ValueError,

@@ -49,6 +49,18 @@ if __name__ == "__main__":
         default=2,
         help="the student is the SFT run stopped after this many of the teacher's 4 epochs",
     )
+    ap.add_argument(
+        "--train-sequences",
+        type=int,
+        default=500,
+        help="ledger sequences the flawed teacher's demonstrations are written from (6 chunks each)",
+    )
+    ap.add_argument(
+        "--rl-steps",
+        type=int,
+        default=None,
+        help="RL's step count (default: configs/exp/demo_rl.yaml's num_steps)",
+    )
     args = ap.parse_args()
     if args.gateway_only:
         from scripts.demo_lib.gateway import run_gateway_demo
@@ -69,4 +81,6 @@ if __name__ == "__main__":
             pretrain_session_share=args.pretrain_session_share,
             teacher_pretrain_mix=args.teacher_pretrain_mix,
             student_epochs=args.student_epochs,
+            num_train_sequences=args.train_sequences,
+            rl_steps=args.rl_steps,
         )

@@ -226,6 +226,7 @@ def run_demo(
     teacher_epochs: int = 4,
     teacher_pretrain_mix: int = 2000,
     student_epochs: int = 2,
+    rl_steps: int | None = None,
     data_seed: int = 0,
     run_seed: int = 0,
     extra: dict[str, list[str]] | None = None,
@@ -245,6 +246,12 @@ def run_demo(
             f"teacher_pretrain_mix={teacher_pretrain_mix}: want 0 <= teacher_pretrain_mix <= "
             f"pretrain_documents={pretrain_documents}"
         )
+    if num_train_sequences < 1:
+        raise ValueError(
+            f"num_train_sequences={num_train_sequences}: want >= 1 (the teacher's demonstrations)"
+        )
+    if rl_steps is not None and rl_steps < 1:
+        raise ValueError(f"rl_steps={rl_steps}: want >= 1 (None keeps configs/exp/demo_rl.yaml's num_steps)")
     if num_final_eval_sequences < num_eval_sequences:
         raise ValueError(
             f"num_final_eval_sequences={num_final_eval_sequences}: want >= num_eval_sequences="
@@ -393,6 +400,9 @@ def run_demo(
             f"init_checkpoint={root}/opd/final",
             f"run.output_dir={root}/rl",
             *growth,
+            # the step count on the command line, not in the recipe file: the ablation runs key on
+            # that file and keep their own step count
+            *(() if rl_steps is None else (f"num_steps={rl_steps}", f"eval_every={rl_steps}")),
             *extra.get("rl", []),
         ],
         root / "logs" / "rl.log",
@@ -413,6 +423,7 @@ def run_demo(
     counts["train_sequences"], counts["eval_sequences"] = num_train_sequences, num_eval_sequences
     counts["final_eval_sequences"] = num_final_eval_sequences
     counts["student_epochs"], counts["teacher_epochs"] = student_epochs, teacher_epochs
+    counts["rl_steps"] = rl_steps
     counts["prompt_sequences"], counts["data_seed"], counts["run_seed"] = (
         num_prompt_sequences,
         data_seed,
@@ -729,7 +740,8 @@ def write_report(root: Path, counts: dict, timings: dict) -> dict:
         "- training top-50 reverse KL: "
         + (f"{kl_train[0]:.3f} (step 1) -> {kl_train[1]:.3f}" if kl_train else "n/a"),
         "",
-        "## RL (chunk-level GRPO from the OPD student, extractive reader)",
+        "## RL (chunk-level GRPO from the OPD student, extractive reader, "
+        f"{max((r['step'] for r in rl), default=0)} steps)",
         f"- {_preflight_line(root / 'rl' / 'reader_preflight.json')}",
         f"- {counts.get('growth_bounds', 'growth penalty: the config bounds')}",
         "- held-out mean growth penalty pen[t]: " + (f"{pen[0]:.3f} -> {pen[1]:.3f}" if pen else "n/a"),

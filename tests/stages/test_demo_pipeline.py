@@ -213,8 +213,8 @@ def test_growth_bounds_for_rl_come_from_the_opd_writes(tmp_path):
 
 def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path, monkeypatch):
     """The student is the teacher's SFT stopped early: an epoch count that is not earlier is refused
-    before any stage runs, as are a final evaluation smaller than the stages' held-out set and a copy
-    mix the pretraining corpus cannot supply."""
+    before any stage runs, as are a final evaluation smaller than the stages' held-out set, a copy mix
+    the pretraining corpus cannot supply, no demonstrations and no RL steps."""
     for k in (0, 3, 4):
         with pytest.raises(
             ValueError, match=f"student_epochs={k}: want 1 <= student_epochs < teacher_epochs=3"
@@ -227,7 +227,7 @@ def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path, monkeypat
 
     # without the check the demo would start drawing data: fail there at once, not minutes later
     def drawn(*a, **kw):
-        raise AssertionError("data drawn before the copy mix was checked")
+        raise AssertionError("data drawn before the arguments were checked")
 
     monkeypatch.setattr("scripts.demo_lib.pipeline.build_data", drawn)
     for k in (-1, 4001):
@@ -236,6 +236,10 @@ def test_the_student_is_an_earlier_epoch_of_the_teachers_run(tmp_path, monkeypat
             match=f"teacher_pretrain_mix={k}: want 0 <= teacher_pretrain_mix <= pretrain_documents=4000",
         ):
             run_demo(tmp_path, teacher_pretrain_mix=k, pretrain_documents=4000)
+    with pytest.raises(ValueError, match="num_train_sequences=0: want >= 1"):
+        run_demo(tmp_path, num_train_sequences=0)
+    with pytest.raises(ValueError, match="rl_steps=0: want >= 1"):
+        run_demo(tmp_path, rl_steps=0)
     assert not any(tmp_path.iterdir())
 
 
